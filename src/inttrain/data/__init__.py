@@ -1,0 +1,63 @@
+"""Datasets: ``load_dataset(name, ...)`` -> validated train/val ``TensorDataset``s.
+
+Available: ``digits`` (default; bundled with scikit-learn, offline),
+``synthetic`` (seeded Gaussian blobs), ``npz`` (any .npz), and ``mnist`` /
+``cifar10`` (an .npz with the expected shapes, for now). Every dataset is
+validated before training; problems raise :class:`DataError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from .arrays import RawArrays
+from .cifar10 import CIFAR10_LAYOUT, load_cifar10_arrays
+from .digits import load_digits_arrays
+from .errors import DataError
+from .mnist import MNIST_LAYOUT, load_mnist_arrays
+from .npz import load_npz_arrays, resolve_npz_path
+from .splits import DatasetSplits, make_splits
+from .synthetic import make_synthetic_arrays
+from .validate import ImageLayout, validate
+
+__all__ = ["DATASET_NAMES", "DataError", "DatasetSplits", "RawArrays", "load_dataset", "splits_from_arrays"]
+
+# name -> (loader(data_dir, seed), pinned layout or None)
+_Loader = Callable[[str | Path | None, int], RawArrays]
+_LOADERS: dict[str, tuple[_Loader, ImageLayout | None]] = {
+    "digits": (lambda data_dir, seed: load_digits_arrays(), None),
+    "synthetic": (lambda data_dir, seed: make_synthetic_arrays(seed), None),
+    "npz": (lambda data_dir, seed: load_npz_arrays(resolve_npz_path(data_dir, "npz")), None),
+    "mnist": (lambda data_dir, seed: load_mnist_arrays(data_dir), MNIST_LAYOUT),
+    "cifar10": (lambda data_dir, seed: load_cifar10_arrays(data_dir), CIFAR10_LAYOUT),
+}
+
+#: Names accepted by :func:`load_dataset`.
+DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
+
+
+def splits_from_arrays(
+    raw: RawArrays, name: str, val_fraction: float = 0.2, seed: int = 0, expect: ImageLayout | None = None
+) -> DatasetSplits:
+    """Validate ``raw`` and split it; the path every loader goes through."""
+    num_classes, layout = validate(raw, expect)
+    return make_splits(raw, name, num_classes, layout, val_fraction, seed)
+
+
+def load_dataset(
+    name: str, data_dir: str | Path | None = None, val_fraction: float = 0.2, seed: int = 0
+) -> DatasetSplits:
+    """Load, validate and split dataset ``name``.
+
+    ``data_dir`` is the .npz file (or a folder with ``<name>.npz``) for the
+    file-backed datasets; ``seed`` fixes the train/val split (and the
+    synthetic data). If the source has a test split, it is the val set and
+    ``val_fraction`` is unused. Raises ValueError for an unknown name and
+    :class:`DataError` for bad data.
+    """
+    try:
+        loader, expect = _LOADERS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}") from None
+    return splits_from_arrays(loader(data_dir, seed), name, val_fraction, seed, expect)
