@@ -1,0 +1,101 @@
+"""The training loop: learns digits, is deterministic, survives NaN losses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from inttrain.data import DatasetSplits, load_dataset
+from inttrain.models import build_model
+from inttrain.trainer import NonFiniteLossError, RunResult, get_prepare, train
+
+
+@pytest.fixture(scope="module")
+def digits() -> DatasetSplits:
+    return load_dataset("digits")
+
+
+def _run(splits: DatasetSplits, recipe: str = "fp32", seed: int = 0, epochs: int = 3, **kw: object) -> RunResult:
+    torch.manual_seed(seed)
+    model = build_model("small-cnn", splits.num_classes, splits.in_channels, splits.image_size)
+    return train(model, splits, recipe, epochs=epochs, batch_size=32, lr=0.05, seed=seed, log=lambda s: None, **kw)
+
+
+def test_fp32_digits_learns(digits: DatasetSplits) -> None:
+    res = _run(digits, epochs=3)
+    assert res.train_losses[-1] < res.train_losses[0] < math.log(10) * 1.5
+    assert res.val_accuracy > 0.9
+    assert res.steps == 3 * (len(digits.train) // 32) and res.skipped_steps == 0
+    assert res.time_per_step > 0
+
+
+def test_same_seed_identical_losses(digits: DatasetSplits) -> None:
+    a, b = _run(digits, epochs=2, seed=7), _run(digits, epochs=2, seed=7)
+    assert a.train_losses == b.train_losses and a.val_accuracies == b.val_accuracies
+    c = _run(digits, epochs=2, seed=8)
+    assert c.train_losses != a.train_losses
+
+
+def test_bf16_autocast_runs(digits: DatasetSplits) -> None:
+    res = _run(digits, "bf16", epochs=1)
+    assert math.isfinite(res.train_losses[0]) and res.val_accuracy > 0.5
+
+
+def test_logs_one_line_per_epoch(digits: DatasetSplits) -> None:
+    lines: list[str] = []
+    torch.manual_seed(0)
+    model = build_model("small-cnn", 10, 1, 8)
+    train(model, digits, epochs=2, log=lines.append, progress=False)
+    assert [l.split()[:2] for l in lines] == [["epoch", "1/2"], ["epoch", "2/2"]]
+    assert "val_acc" in lines[0] and "ms/step" in lines[0]
+
+
+class _NaNOnSteps(nn.Module):
+    """Wraps a model and returns NaN logits on the given (1-based) train calls."""
+
+    def __init__(self, inner: nn.Module, bad: set[int]) -> None:
+        super().__init__()
+        self.inner, self.bad, self.calls = inner, bad, 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.inner(x)
+        if self.training:
+            self.calls += 1
+            if self.calls in self.bad:
+                return out * float("nan")
+        return out
+
+
+def test_non_finite_steps_are_skipped(digits: DatasetSplits) -> None:
+    torch.manual_seed(0)
+    model = _NaNOnSteps(build_model("small-cnn", 10, 1, 8), {2, 3, 10})
+    res = train(model, digits, epochs=1, log=lambda s: None)
+    assert res.skipped_steps == 3 and res.epochs[0].skipped == 3
+    assert res.steps == len(digits.train) // 32 - 3
+    assert math.isfinite(res.train_losses[0])
+
+
+def test_consecutive_non_finite_stops_naming_step(digits: DatasetSplits) -> None:
+    torch.manual_seed(0)
+    model = _NaNOnSteps(build_model("small-cnn", 10, 1, 8), set(range(5, 100)))
+    with pytest.raises(NonFiniteLossError, match=r"4 consecutive steps \(steps 5\.\.8\); stopped at step 8") as exc:
+        train(model, digits, epochs=1, log=lambda s: None, max_consecutive_skips=4)
+    assert exc.value.step == 8 and exc.value.result.skipped_steps == 4
+
+
+def test_bad_arguments(digits: DatasetSplits) -> None:
+    model = build_model("small-cnn", 10, 1, 8)
+    with pytest.raises(ValueError, match=r"unknown optimizer 'lbfgs'; allowed: sgd, adam, adamw"):
+        train(model, digits, optimizer="lbfgs", log=lambda s: None)
+    with pytest.raises(ValueError, match="epochs"):
+        train(model, digits, epochs=0, log=lambda s: None)
+
+
+def test_int8_recipe_when_available(digits: DatasetSplits) -> None:
+    if get_prepare() is None:
+        pytest.skip("inttrain.prepare_ not available yet")
+    res = _run(digits, "int8", epochs=2)
+    assert res.val_accuracy > 0.85
