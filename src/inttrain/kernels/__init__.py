@@ -1,0 +1,35 @@
+"""Integer kernels: exact references (test oracles) and fast paths, chosen once per device.
+
+- :mod:`.matmul`: int8/int16 GEMMs on ``torch._int_mm`` (oneDNN VNNI/AMX on x86 CPUs, cuBLASLt on CUDA).
+- :mod:`.conv`: int8 convolution forward / input-gradient / weight-gradient (oneDNN int8 conv + GEMMs).
+- :mod:`.fused`: the quantize and dequantize passes around them, fused with ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+from .counters import int_kernel_calls, reset_kernel_calls
+from .matmul import INT8_SAFE_K, has_int_mm, int8_mm, int_mm, int_mm_reference, split_int16
+
+__all__ = [
+    "INT8_SAFE_K", "has_int_mm", "int8_mm", "int_mm", "int_mm_reference", "split_int16",
+    "int_kernel_calls", "reset_kernel_calls", "describe",
+]
+
+
+def describe() -> dict[str, str]:
+    """Which kernel path serves each operation on this machine (for ``inttrain env``)."""
+    import torch
+
+    from .fused import compile_enabled
+
+    cpu_int = "torch._int_mm (oneDNN int8)" if has_int_mm("cpu") else "int64 reference (slow, exact)"
+    info = {
+        "linear (cpu)": cpu_int,
+        "conv2d forward (cpu)": "oneDNN int8 qconv (uint8 activations, zero point 128)",
+        "conv2d grads (cpu)": "oneDNN int8 qconv / torch._int_mm shifted GEMMs",
+        "quantize/epilogue fusion": "torch.compile" if compile_enabled() else "eager (INTTRAIN_COMPILE=0)",
+        "cpu capability": str(torch.backends.cpu.get_cpu_capability()),
+    }
+    if torch.cuda.is_available():
+        info["linear (cuda)"] = "torch._int_mm (cuBLASLt int8 tensor cores)"
+    return info

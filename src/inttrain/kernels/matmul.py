@@ -1,0 +1,121 @@
+"""Integer GEMMs: an exact int64 reference and the fast ``torch._int_mm`` path, int8 and int16.
+
+All functions compute ``a @ b`` for 2-D integer operands exactly and return an integer tensor
+(int32 when every partial sum provably fits, else int64).
+
+Overflow bound: with int8 codes |a_ik b_kj| <= 128 * 128 = 2**14, so a K-long int32 sum is safe
+for K <= (2**31 - 1) // 2**14 = 131071.  Longer reductions are split into chunks of that length
+whose int32 partials are summed in int64 (this is what keeps e.g. a weight-gradient GEMM over
+batch x tokens exact).
+
+int16 operands are computed exactly with int8 kernels by splitting each code into two int8 halves,
+``a = 256 * hi + lo + 128`` with ``hi = floor(a / 256)`` and ``lo = (a mod 256) - 128``, both in
+[-128, 127]; then ``a @ b = 256 (hi @ b) + lo @ b + 128 * colsum(b)``.  The halves are stacked so
+that one int8 GEMM computes all partial products (2 products for int16 x int8, 4 for int16 x int16).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .counters import count
+
+__all__ = [
+    "INT8_SAFE_K",
+    "int_mm_reference",
+    "int8_mm",
+    "int_mm",
+    "split_int16",
+    "has_int_mm",
+]
+
+INT8_SAFE_K = (2**31 - 1) // (128 * 128)  # 131071
+
+
+def has_int_mm(device: torch.device | str) -> bool:
+    """Whether ``torch._int_mm`` exists and runs on this device type (cpu or cuda)."""
+    return hasattr(torch, "_int_mm") and torch.device(device).type in ("cpu", "cuda")
+
+
+def int_mm_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact ``a @ b`` in int64 (the test oracle; slow)."""
+    _check_operands(a, b)
+    return a.to(torch.int64) @ b.to(torch.int64)
+
+
+def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"integer GEMM needs 2-D operands, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"integer GEMM shape mismatch: ({a.shape[0]}x{a.shape[1]}) @ ({b.shape[0]}x{b.shape[1]})")
+    for t in (a, b):
+        if t.dtype not in (torch.int8, torch.int16):
+            raise TypeError(f"integer GEMM operands must be int8 or int16, got {t.dtype}")
+
+
+def _int_mm_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch._int_mm`` with the CUDA shape rules met by zero padding (M > 16, K and N multiples of 8).
+
+    Zero rows/columns add nothing to the integer sums, so padding keeps the result exact.
+    """
+    if a.device.type != "cuda":
+        return torch._int_mm(a, b)
+    m, k = a.shape
+    n = b.shape[1]
+    pm, pk, pn = max(17 - m, 0), (-k) % 8, (-n) % 8
+    if pm or pk:
+        a = torch.nn.functional.pad(a, (0, pk, 0, pm))
+    if pk or pn:
+        b = torch.nn.functional.pad(b, (0, pn, 0, pk))
+    return torch._int_mm(a, b)[:m, :n]
+
+
+def int8_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact int8 x int8 GEMM on ``torch._int_mm``; int32 result (int64 if K > INT8_SAFE_K)."""
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        return torch.zeros(m, n, dtype=torch.int32, device=a.device)
+    count("int8_mm")
+    if k <= INT8_SAFE_K:
+        return _int_mm_padded(a, b)
+    out = torch.zeros(m, n, dtype=torch.int64, device=a.device)
+    for k0 in range(0, k, INT8_SAFE_K):
+        out += _int_mm_padded(a[:, k0 : k0 + INT8_SAFE_K], b[k0 : k0 + INT8_SAFE_K])
+    return out
+
+
+def split_int16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split int16 codes into int8 halves ``(hi, lo)`` with ``x = 256 * hi + lo + 128`` exactly."""
+    x32 = x.to(torch.int32)
+    hi = torch.div(x32, 256, rounding_mode="floor")
+    lo = (x32 - hi * 256) - 128
+    return hi.to(torch.int8), lo.to(torch.int8)
+
+
+def _int16_x_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a int16, b int8: one GEMM of the stacked halves [hi; lo] @ b, recombined in int64."""
+    m = a.shape[0]
+    hi, lo = split_int16(a)
+    p = int8_mm(torch.cat([hi, lo]), b).to(torch.int64)
+    colsum = b.to(torch.int64).sum(0, keepdim=True)
+    return 256 * p[:m] + p[m:] + 128 * colsum
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact integer GEMM for int8/int16 operands on int8 kernels (see module docstring)."""
+    _check_operands(a, b)
+    if not has_int_mm(a.device):
+        return int_mm_reference(a, b)
+    if a.dtype == torch.int8 and b.dtype == torch.int8:
+        return int8_mm(a, b)
+    if a.dtype == torch.int16 and b.dtype == torch.int8:
+        return _int16_x_int8(a, b)
+    if a.dtype == torch.int8 and b.dtype == torch.int16:
+        return _int16_x_int8(b.t(), a.t()).t()
+    # int16 x int16: split b as well; a @ b = a @ (256 bh + bl) + 128 * rowsum(a)
+    n = b.shape[1]
+    bh, bl = split_int16(b)
+    p = _int16_x_int8(a, torch.cat([bh, bl], dim=1))
+    rowsum = a.to(torch.int64).sum(1, keepdim=True)
+    return 256 * p[:, :n] + p[:, n:] + 128 * rowsum
