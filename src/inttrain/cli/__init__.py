@@ -1,0 +1,1 @@
+"""Command-line interface (``inttrain`` / ``python -m inttrain``); see :mod:`.app`."""

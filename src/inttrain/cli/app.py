@@ -1,0 +1,205 @@
+"""The ``inttrain`` command: ``demo``, ``env`` and ``train``.
+
+Errors users can fix (bad names, bad data, missing files) print one
+``error: ...`` line and exit with code 2; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="inttrain",
+    help="Train neural networks in integer arithmetic.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors (any position).")] = False,
+) -> None:
+    """Train neural networks in integer arithmetic."""
+
+
+@app.command()
+def demo(
+    epochs: Annotated[int, typer.Option(help="Epochs per recipe.")] = 6,
+    batch_size: Annotated[int, typer.Option(help="Batch size.")] = 32,
+    lr: Annotated[float, typer.Option(help="Learning rate (SGD, momentum 0.9).")] = 0.05,
+    seed: Annotated[int, typer.Option(help="Seed for init, data split and order.")] = 0,
+    recipes: Annotated[str, typer.Option(help="Comma-separated recipes to compare.")] = "fp32,int8",
+) -> None:
+    """Train a small CNN on the built-in digits data in fp32 and int8 and compare."""
+    from .demo import format_table, run_demo
+
+    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr)
+    names = [r.strip() for r in recipes.split(",") if r.strip()]
+    if not names:
+        raise _usage("--recipes", f"{recipes!r} names no recipe; e.g. fp32,int8")
+    for name in names:
+        _check_recipe(name, field="--recipes")
+    rows = run_demo(names, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
+    typer.echo("")
+    typer.echo(format_table(rows))
+    missing = [r.recipe for r in rows if r.note]
+    if missing:
+        typer.echo(f"error: recipe(s) {', '.join(missing)} could not run: {rows[-1].note}", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def env() -> None:
+    """Print torch version, CPU int8 features, CUDA and the active kernel paths."""
+    from .env import collect_env, format_env
+
+    typer.echo(format_env(collect_env()))
+
+
+@app.command("train")
+def train_cmd(
+    model: Annotated[str, typer.Option(help="Model name (see error for the list).")] = "small-cnn",
+    dataset: Annotated[str, typer.Option(help="Dataset name.")] = "digits",
+    data_dir: Annotated[Path | None, typer.Option(help=".npz file, or folder with <dataset>.npz.")] = None,
+    recipe: Annotated[str, typer.Option(help="fp32, bf16, or an inttrain recipe such as int8.")] = "fp32",
+    epochs: Annotated[int, typer.Option(help="Number of epochs.")] = 5,
+    batch_size: Annotated[int, typer.Option(help="Batch size.")] = 32,
+    lr: Annotated[float, typer.Option(help="Learning rate.")] = 0.05,
+    optimizer: Annotated[str, typer.Option(help="sgd, adam or adamw.")] = "sgd",
+    seed: Annotated[int, typer.Option(help="Seed for init, data split and order.")] = 0,
+) -> None:
+    """Train one model with one recipe, printing a line per epoch."""
+    import torch
+
+    from inttrain.data import DATASET_NAMES, DataError, load_dataset
+    from inttrain.models import MODEL_NAMES, build_model
+    from inttrain.trainer import OPTIMIZER_NAMES, train
+
+    _check_choice("--model", model, MODEL_NAMES)
+    _check_choice("--dataset", dataset, DATASET_NAMES)
+    _check_choice("--optimizer", optimizer, OPTIMIZER_NAMES)
+    _check_recipe(recipe, field="--recipe")
+    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr)
+    if model == "gpt-small":
+        raise _usage("--model", "'gpt-small' needs a text dataset, which `train` does not load yet; use an image model")
+    if data_dir is not None and not data_dir.exists():
+        where = "an .npz file" if dataset == "npz" else f"an .npz file or a folder with {dataset}.npz"
+        raise _usage("--data-dir", f"{str(data_dir)!r} does not exist; expected {where}")
+
+    try:
+        splits = load_dataset(dataset, data_dir, seed=seed)
+    except DataError as e:
+        raise _usage(f"--dataset {dataset}", str(e)) from e
+    typer.echo(
+        f"{model} on {dataset}: {len(splits.train)} train / {len(splits.val)} val ({splits.val_source}), "
+        f"{splits.num_classes} classes, {splits.in_channels}x{splits.image_size}x{splits.image_size}; recipe {recipe}"
+    )
+    torch.manual_seed(seed)
+    try:
+        net = build_model(model, splits.num_classes, splits.in_channels, splits.image_size)
+    except ValueError as e:
+        raise _usage("--model", f"{model!r} does not fit dataset {dataset!r}: {e}") from e
+    result = train(
+        net, splits, recipe, epochs=epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, log=typer.echo
+    )
+    typer.echo(
+        f"done: val_acc {result.val_accuracy:.4f}, {result.time_per_step * 1e3:.2f} ms/step (median), "
+        f"{result.steps} steps, {result.skipped_steps} skipped"
+    )
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _usage(field: str, message: str) -> Exception:
+    from .errors import UsageProblem
+
+    return UsageProblem(field, message)
+
+
+def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
+    from .errors import check_choice
+
+    check_choice(field, value, allowed)
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise _usage("--" + name.replace("_", "-"), f"{value} must be > 0")
+
+
+def _allowed_recipes() -> tuple[str, ...] | None:
+    """Recipes this build can run; None when prepare_ exists but cannot list them."""
+    import inttrain
+
+    from inttrain.trainer import FLOAT_RECIPES, get_prepare
+
+    if get_prepare() is None:
+        return FLOAT_RECIPES
+    try:
+        extra = tuple(inttrain.recipe_names())
+    except (AttributeError, ImportError):
+        return None
+    return tuple(dict.fromkeys((*FLOAT_RECIPES, *extra)))
+
+
+def _check_recipe(recipe: str, field: str) -> None:
+    from inttrain.trainer import FLOAT_RECIPES
+
+    allowed = _allowed_recipes()
+    if allowed is not None and recipe not in allowed:
+        hint = "" if allowed != FLOAT_RECIPES else " (integer recipes need inttrain.prepare_, not in this build)"
+        raise _usage(field, f"{recipe!r} is not one of: {', '.join(allowed)}{hint}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the process exit code."""
+    from .errors import UsageProblem
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    # --debug is accepted anywhere on the line, not only before the command.
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=args, prog_name="inttrain", standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except typer.Abort:
+        typer.echo("error: aborted", err=True)
+        return 130
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        if isinstance(e, UsageProblem):
+            typer.echo(f"error: {e}", err=True)
+            return e.exit_code
+        if isinstance(e, typer.TyperException):  # typer's own usage errors (unknown option, ...)
+            typer.echo(f"error: {e.format_message()}", err=True)
+            return int(getattr(e, "exit_code", 2))
+        from inttrain.trainer import NonFiniteLossError
+
+        if isinstance(e, NonFiniteLossError):
+            typer.echo(f"error: training diverged: {e}", err=True)
+            return 1
+        if isinstance(e, ValueError):  # inttrain's own validation (e.g. a recipe prepare_ rejects)
+            typer.echo(f"error: {e}", err=True)
+            return 2
+        typer.echo(
+            f"error: unexpected {type(e).__name__}: {e}" + ("" if debug else " (rerun with --debug for the traceback)"),
+            err=True,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

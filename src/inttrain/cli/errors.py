@@ -1,0 +1,23 @@
+"""CLI error type: one ``error: ...`` line and exit code 2, no traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["UsageProblem", "check_choice"]
+
+
+class UsageProblem(Exception):
+    """A bad command-line value; the message names the field, value and what is allowed."""
+
+    exit_code = 2
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def check_choice(field: str, value: str, allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise UsageProblem(field, f"{value!r} is not one of: {', '.join(allowed)}")
