@@ -52,7 +52,9 @@ class _IntLinearFn(torch.autograd.Function):
             y = dequant_epilogue(int_mm(qx, qw), sx, sw, None if bias is None else bias.float())
         else:
             y = torch.nn.functional.linear(x2.float(), weight.float(), None if bias is None else bias.float())
-        if gw.integer:  # keep int8 codes of x for dW = dy^T x (quantized along its in-feature axis)
+        if not ctx.needs_input_grad[1]:  # inference / frozen weight: no dW, nothing to keep
+            ctx.save_for_backward(weight)
+        elif gw.integer:  # keep int8 codes of x for dW = dy^T x (quantized along its in-feature axis)
             qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=seeds[2] ^ 0x5BD1E995)
             ctx.save_for_backward(weight, qx_gw, sx_gw)
         else:

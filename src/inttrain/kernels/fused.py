@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import types
 from functools import lru_cache
 from typing import Callable
 
@@ -53,18 +54,30 @@ def _epilogue_impl(acc: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, bias: 
 
 
 @lru_cache(maxsize=None)
-def _compiled(fn: Callable) -> Callable:
-    return torch.compile(fn, dynamic=True)
+def _compiled(fn: Callable, constants: tuple) -> Callable:
+    """``fn`` with its trailing non-tensor arguments fixed, compiled once per distinct ``constants``.
+
+    Each specialisation gets its own code object: dynamo keeps one guard cache per code object with
+    a small recompile limit, and a model easily has more than 8 (spec, axis, layout) combinations.
+    """
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{len(_SPECIALISED)}")
+    _SPECIALISED.append(constants)
+    clone = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    compiled = torch.compile(clone, dynamic=True)
+    return lambda *tensors: compiled(*tensors, *constants)
 
 
-def _run(fn: Callable, *args):
+_SPECIALISED: list[tuple] = []
+
+
+def _run(fn: Callable, tensors: tuple, constants: tuple):
     if compile_enabled() and not torch.compiler.is_compiling():
         try:
-            return _compiled(fn)(*args)
+            return _compiled(fn, constants)(*tensors)
         except Exception as exc:  # a missing C++ compiler, an unsupported platform...
             log.warning("torch.compile failed (%s); inttrain falls back to eager quantize passes", exc)
             os.environ["INTTRAIN_COMPILE"] = "0"
-    return fn(*args)
+    return fn(*tensors, *constants)
 
 
 def quantize_matrix(
@@ -98,7 +111,7 @@ def quantize_matrix(
         scale = torch.ones(scale_shape, device=x.device)
         return codes, scale.t() if transpose else scale
     seed_t = torch.tensor(seed & 0xFFFFFFFF, dtype=torch.int64, device=x.device)
-    return _run(_quantize_matrix_impl, x, seed_t, spec, kept_axis, transpose, zero_point)
+    return _run(_quantize_matrix_impl, (x, seed_t), (spec, kept_axis, transpose, zero_point))
 
 
 def dequant_epilogue(
@@ -107,6 +120,8 @@ def dequant_epilogue(
     """``acc * sa * sb (+ bias)`` in float32, one fused pass over the integer accumulator."""
     if acc.numel() == 0:
         return _epilogue_impl(acc, sa, sb, bias)
-    return _run(_epilogue_impl, acc, sa, sb, bias)
+    if bias is None:
+        return _run(_epilogue_impl, (acc, sa, sb), (None,))
+    return _run(_epilogue_impl, (acc, sa, sb, bias), ())
 
 

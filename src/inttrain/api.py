@@ -1,0 +1,101 @@
+"""The one entry point: ``prepare_(model, config_or_name)`` converts a model in place; ``restore_`` undoes it.
+
+>>> import torch, inttrain
+>>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+>>> _ = inttrain.prepare_(model, "int8")
+>>> type(model[0]).__name__
+'QLinear'
+>>> _ = inttrain.restore_(model)
+>>> type(model[0]).__name__
+'Linear'
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from torch import nn
+
+from .nn import QConv2d, QLinear, restore_module
+from .recipes import RECIPES, RecipeConfig, from_name
+
+__all__ = ["prepare_", "restore_", "get_config", "recipe_names"]
+
+log = logging.getLogger("inttrain")
+
+FilterFn = Callable[[nn.Module, str], bool]
+
+
+def recipe_names() -> list[str]:
+    return sorted(RECIPES)
+
+
+def get_config(config: RecipeConfig | str) -> RecipeConfig:
+    """A config object from a config or a recipe name (ValueError listing the names otherwise)."""
+    if isinstance(config, RecipeConfig):
+        return config
+    if isinstance(config, str):
+        return from_name(config)
+    raise TypeError(f"expected a recipe name or a RecipeConfig, got {type(config).__name__}")
+
+
+def _unsupported_reason(module: nn.Module) -> str | None:
+    """Why the integer kernels cannot serve this layer as it is, or None if they can."""
+    if type(module) is nn.Linear:
+        return "empty layer" if module.in_features == 0 or module.out_features == 0 else None
+    if type(module) is nn.Conv2d:
+        if module.padding_mode != "zeros":
+            return f"padding_mode={module.padding_mode!r} (only zero padding)"
+        if isinstance(module.padding, str):
+            return f"padding={module.padding!r} (give padding as numbers)"
+        return None
+    if isinstance(module, (nn.Linear, nn.Conv2d)):
+        return f"subclass {type(module).__name__} (its owner may not call its forward)"
+    return "not a Linear/Conv2d"
+
+
+def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: FilterFn | None = None) -> nn.Module:
+    """Convert every ``nn.Linear`` / ``nn.Conv2d`` of ``model`` to its integer-training layer, in place.
+
+    Args:
+        model: any module (the root itself may be a Linear/Conv2d).
+        config: a recipe config object or a name such as ``"int8"`` (see :func:`recipe_names`).
+        filter_fn: ``(module, fully_qualified_name) -> bool``; layers for which it returns False stay float.
+
+    Layers the kernels cannot serve (string padding, non-zero padding modes, Linear/Conv2d subclasses)
+    stay in float and are logged on the ``inttrain`` logger.  Parameters are not copied: optimizers
+    built before or after ``prepare_`` see the same tensors, and ``state_dict()`` keys do not change.
+    Returns ``model``.
+    """
+    cfg = get_config(config)
+    if not cfg.converts_layers():
+        return model
+    converted, skipped = 0, []
+    for layer_id, (fqn, module) in enumerate(model.named_modules()):
+        if isinstance(module, (QLinear, QConv2d)):
+            restore_module(module)  # re-preparing replaces the old precision
+        if not isinstance(module, (nn.Linear, nn.Conv2d)):
+            continue
+        reason = _unsupported_reason(module)
+        if reason is None and filter_fn is not None and not filter_fn(module, fqn):
+            reason = "excluded by filter_fn"
+        precision = cfg.precision_for(module, fqn or type(module).__name__) if reason is None else None
+        if reason is None and precision is None:
+            reason = f"left in float by recipe {cfg.name!r}"
+        if reason is not None:
+            skipped.append((fqn, reason))
+            log.info("inttrain: kept %s (%s) in float: %s", fqn or "<root>", type(module).__name__, reason)
+            continue
+        layer_cls = QLinear if type(module) is nn.Linear else QConv2d
+        layer_cls.convert(module, precision, seed=cfg.seed, layer_id=layer_id)
+        converted += 1
+    log.info("inttrain: recipe %s converted %d layers, kept %d in float", cfg.name, converted, len(skipped))
+    return model
+
+
+def restore_(model: nn.Module) -> nn.Module:
+    """Turn every integer layer of ``model`` back into its plain torch class, in place. Returns ``model``."""
+    for module in model.modules():
+        restore_module(module)
+    return model

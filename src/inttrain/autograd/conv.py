@@ -1,0 +1,152 @@
+"""Integer training of ``y = conv2d(x, W) + b``: one autograd Function, three integer convolutions.
+
+    forward       y  = x (*) W                      lhs x  per tensor,  rhs W  per output channel
+    grad_input    dx = dy (*)^T W  (transposed conv)   lhs dy per tensor,  rhs W  per input channel
+    grad_weight   dW = sum_{n,h,w} dy x             lhs dy per output channel, rhs x per tensor
+    grad_bias     db = sum_{n,h,w} dy   (float)
+
+Only the scale layouts that factor out of the integer sums are allowed: an activation's scale
+cannot vary along the reduction (input channels x kernel window), so activations and gradients
+entering a convolution's reduction are quantized per tensor.  Tensors are kept channels-last,
+the layout of oneDNN's int8 convolution; the activation is quantized for the weight-gradient
+convolution already in forward, so backward keeps its int8 codes instead of the float input.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import conv as conv_kernels
+from ..kernels.conv import ConvGeometry
+from ..kernels.fused import quantize_matrix
+from ..numerics.quantize import check_finite
+from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
+
+__all__ = ["int_conv2d", "ConvGeometry", "check_conv_precision"]
+
+_CL = torch.channels_last
+
+
+def check_conv_precision(prec: LayerPrecision) -> None:
+    """Raise UnsupportedFormatError if ``prec`` asks for a layout the convolution GEMMs cannot serve."""
+    rules = [
+        ("forward", "lhs (activation)", prec.forward, prec.forward.lhs),
+        ("grad_input", "lhs (output gradient)", prec.grad_input, prec.grad_input.lhs),
+        ("grad_weight", "rhs (activation)", prec.grad_weight, prec.grad_weight.rhs),
+    ]
+    for gemm, side, g, spec in rules:
+        if g.integer and not isinstance(spec.granularity, PerTensor):
+            raise UnsupportedFormatError(
+                f"conv2d {gemm} GEMM: the {side} must be quantized PerTensor (its scale would vary along the"
+                f" reduction), got {spec.granularity}"
+            )
+    for name, g in (("forward", prec.forward), ("grad_input", prec.grad_input), ("grad_weight", prec.grad_weight)):
+        if g.integer and max(g.lhs.bits, g.rhs.bits) > 8:
+            raise UnsupportedFormatError(
+                f"conv2d {name} GEMM: integer convolutions support 2 to 8 bits, got {max(g.lhs.bits, g.rhs.bits)}"
+            )
+
+
+def _quantize_activation(x: torch.Tensor, spec: QuantSpec, seed: int, per_channel: bool = False):
+    """Quantize a 4-D NCHW tensor via its channels-last [N*H*W, C] view; codes come back channels-last.
+
+    ``per_channel`` gives one scale per channel C (shape [C]); otherwise one scale (shape [1]).
+    """
+    x = x.contiguous(memory_format=_CL)
+    n, c, h, w = x.shape
+    rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)  # a view: channels-last memory is NHWC
+    if not per_channel:
+        spec = QuantSpec(spec.fmt, PerTensor(), spec.rounding, spec.scale_kind)
+    codes, scale = quantize_matrix(rows, spec, 1, seed=seed)
+    return codes.reshape(n, h, w, c).permute(0, 3, 1, 2), scale.reshape(-1)
+
+
+def _quantize_weight(w: torch.Tensor, spec: QuantSpec, seed: int, per_input_channel: bool, groups: int):
+    """Quantize OIHW weights per output channel (or, for grad_input, per input channel / per tensor)."""
+    if per_input_channel:
+        if groups == 1 and isinstance(spec.granularity, PerChannel):
+            cin = w.shape[1]
+            rows = w.transpose(0, 1).reshape(cin, -1)
+            codes, scale = quantize_matrix(rows, spec, 0, seed=seed)
+            return codes.reshape(cin, w.shape[0], *w.shape[2:]).transpose(0, 1).contiguous(), scale.reshape(-1)
+        spec = QuantSpec(spec.fmt, PerTensor(), spec.rounding, spec.scale_kind)
+    codes, scale = quantize_matrix(w.reshape(w.shape[0], -1), spec, 0, seed=seed)
+    return codes.reshape(w.shape), scale.reshape(-1)
+
+
+class _IntConv2dFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, geom: ConvGeometry, prec: LayerPrecision, seeds: tuple[int, int, int]):
+        fwd, gw = prec.forward, prec.grad_weight
+        xf = x.to(torch.float32)
+        if fwd.integer:
+            qx, sx = _quantize_activation(xf, fwd.lhs, seeds[0])
+            check_finite(sx, "conv2d input")
+            qw, sw = _quantize_weight(weight, fwd.rhs, seeds[0] ^ 0x5BD1E995, False, geom.groups)
+            check_finite(sw, "conv2d weight")
+            y = conv_kernels.conv2d_forward(qx, sx, qw, sw, geom)
+        else:
+            y = F.conv2d(xf, weight.float(), None, geom.stride, geom.padding, geom.dilation, geom.groups)
+        if bias is not None:
+            y = y + bias.float().reshape(1, -1, 1, 1)
+        if not ctx.needs_input_grad[1]:  # inference / frozen weight: no dW, nothing to keep
+            ctx.save_for_backward(weight)
+        elif gw.integer:
+            if fwd.integer and gw.rhs == fwd.lhs and gw.rhs.rounding is Rounding.NEAREST_EVEN:
+                qx_gw, sx_gw = qx, sx  # same spec, deterministic rounding: reuse the forward codes
+            else:
+                qx_gw, sx_gw = _quantize_activation(xf, gw.rhs, seeds[2] ^ 0x5BD1E995)
+            ctx.save_for_backward(weight, qx_gw, sx_gw)
+        else:
+            ctx.save_for_backward(weight, xf)
+        ctx.geom, ctx.prec, ctx.seeds, ctx.has_bias = geom, prec, seeds, bias is not None
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        weight, *saved = ctx.saved_tensors
+        geom, prec, seeds = ctx.geom, ctx.prec, ctx.seeds
+        dyf = dy.to(torch.float32)
+        if not bool(torch.isfinite(dyf).all()):
+            # Propagate non-finiteness (see linear.py): the trainer's step guard skips the step.
+            nan = float("nan")
+            dx = torch.full(ctx.x_shape, nan, dtype=ctx.x_dtype) if ctx.needs_input_grad[0] else None
+            db = torch.full((weight.shape[0],), nan, dtype=weight.dtype) if ctx.has_bias else None
+            return dx, torch.full_like(weight, nan), db, None, None, None
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            gi = prec.grad_input
+            if gi.integer:
+                qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1])
+                qw, sw = _quantize_weight(weight, gi.rhs, seeds[1] ^ 0x5BD1E995, True, geom.groups)
+                dx = conv_kernels.conv2d_input_grad(qg, sg, qw, sw, tuple(ctx.x_shape), geom)
+            else:
+                dx = torch.nn.grad.conv2d_input(ctx.x_shape, weight.float(), dyf, geom.stride, geom.padding,
+                                                geom.dilation, geom.groups)
+            dx = dx.to(ctx.x_dtype)
+        if ctx.needs_input_grad[1]:
+            gw = prec.grad_weight
+            if gw.integer:
+                qx, sx = saved
+                per_channel = isinstance(gw.lhs.granularity, PerChannel)
+                qg, sg = _quantize_activation(dyf, gw.lhs, seeds[2], per_channel=per_channel)
+                dw = conv_kernels.conv2d_weight_grad(qg, sg, qx, sx, tuple(weight.shape), geom)
+            else:
+                dw = torch.nn.grad.conv2d_weight(saved[0], weight.shape, dyf, geom.stride, geom.padding,
+                                                 geom.dilation, geom.groups)
+            dw = dw.to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dyf.sum((0, 2, 3)).to(weight.dtype)
+        return dx, dw, db, None, None, None
+
+
+def int_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geom: ConvGeometry,
+               prec: LayerPrecision, seeds: tuple[int, int, int] = (0, 0, 0)) -> torch.Tensor:
+    """``F.conv2d`` with all three convolutions in integer arithmetic as configured by ``prec``."""
+    if x.dim() != 4:
+        raise ValueError(f"conv2d expects a 4-D NCHW input, got shape {tuple(x.shape)}")
+    if x.shape[1] != weight.shape[1] * geom.groups:
+        raise ValueError(f"conv2d input has {x.shape[1]} channels, the layer expects {weight.shape[1] * geom.groups}")
+    return _IntConv2dFn.apply(x, weight, bias, geom, prec, seeds)

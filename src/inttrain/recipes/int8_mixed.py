@@ -1,0 +1,80 @@
+"""``int8`` / ``int8-mixed``: the practical default — all three GEMMs in int8, float master weights.
+
+The "int8 mixed" scheme of the integer-training literature (Zhu et al., CVPR 2020, Sec. 3; torchao's
+int8 mixed-precision training; SwitchBack, Wortsman et al. 2023): every Linear/Conv2d runs
+
+    y = x W^T,   dx = dy W,   dW = dy^T x
+
+as int8 x int8 -> int32 products on a real integer kernel, with float32 master weights updated by
+any torch optimizer.  Scales (Eq. ``s = amax / 127``):
+
+- Linear: activations and output gradients one scale per row (token), weights one per output
+  feature in forward and per input feature for ``dx``; for ``dW`` the gradient gets one scale per
+  output feature and the activation one per input feature (the only layouts whose scale factors
+  out of each integer sum).
+- Conv2d: activations and gradients one scale per tensor (their scale cannot vary along the
+  channel x window reduction), weights one per output channel (per input channel for ``dx``);
+  the weight-gradient's output gradient one scale per output channel.
+
+Differences from the papers: no gradient clipping search (that is the ``unified-int8`` recipe);
+``bits`` > 8 runs Linear GEMMs exactly on int8 kernels by splitting int16 codes into halves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..spec import GemmPrecision, LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
+from ..spec.formats import MAX_BITS, MIN_BITS, IntFormat
+from .base import RecipeConfig
+
+__all__ = ["Int8MixedConfig"]
+
+
+@dataclass(frozen=True)
+class Int8MixedConfig(RecipeConfig):
+    """Config of the ``int8`` recipe.
+
+    Args:
+        bits: code width of weights and activations (2..8 for Conv2d; up to 16 for Linear).
+        grad_bits: code width of output gradients (defaults to ``bits``).
+        grad_rounding: rounding of output gradients (``Rounding.STOCHASTIC`` is unbiased).
+        per_channel: per-row/per-channel scales as described above; False gives one scale per tensor.
+        float_weight_grad: run the weight-gradient GEMM in float32 (as torchao and SwitchBack allow).
+        seed: base seed of the stochastic-rounding hash.
+    """
+
+    name = "int8"
+    bits: int = 8
+    grad_bits: int | None = None
+    grad_rounding: Rounding = Rounding.NEAREST_EVEN
+    per_channel: bool = True
+    float_weight_grad: bool = False
+
+    def __post_init__(self) -> None:
+        for field_name in ("bits", "grad_bits"):
+            value = getattr(self, field_name)
+            if value is not None:
+                IntFormat(value)  # raises UnsupportedFormatError naming the allowed range
+
+    def _spec(self, bits: int, per_channel: bool, rounding: Rounding = Rounding.NEAREST_EVEN) -> QuantSpec:
+        gran = PerChannel(0) if (per_channel and self.per_channel) else PerTensor()
+        return QuantSpec(IntFormat(bits), gran, rounding)
+
+    def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
+        b, gb = self.bits, self.grad_bits or self.bits
+        w, g = (lambda pc: self._spec(b, pc)), (lambda pc: self._spec(gb, pc, self.grad_rounding))
+        is_conv = isinstance(module, nn.Conv2d)
+        if is_conv and max(b, gb) > 8:
+            raise UnsupportedFormatError(
+                f"layer {fqn!r}: integer Conv2d supports {MIN_BITS} to 8 bits, got {max(b, gb)}"
+                f" (Linear layers accept up to {MAX_BITS})"
+            )
+        act = not is_conv  # conv activations/gradients entering a reduction are per tensor
+        return LayerPrecision(
+            forward=GemmPrecision(w(act), w(True)),
+            grad_input=GemmPrecision(g(act), w(True)),
+            grad_weight=GemmPrecision(g(True), w(act), integer=not self.float_weight_grad),
+        )
