@@ -94,7 +94,8 @@ def scale_from_amax(amax: torch.Tensor, fmt: IntFormat, scale_kind: ScaleKind = 
     s = amax / fmt.qmax
     if scale_kind is ScaleKind.POW2:
         s = torch.exp2(torch.ceil(torch.log2(s)))
-    return torch.where(amax > 0, s, torch.ones_like(s))
+    # amax == 0 -> s = 1 (codes 0); a NaN or inf amax stays non-finite so check_finite catches it.
+    return torch.where(amax == 0, torch.ones_like(s), s)
 
 
 def round_and_clamp(
