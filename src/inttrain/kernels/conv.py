@@ -1,0 +1,453 @@
+"""Exact int8 conv2d kernels for training: forward, input gradient, weight gradient.
+
+Every product is int8 x int8 accumulated in int32 on an integer kernel; scales are
+applied in the epilogue.  With unit scales the results equal ``float32(exact sum)``
+bit for bit (see :mod:`inttrain.kernels.conv_reference`, the oracle).
+
+Kernels
+-------
+* Forward and input gradient run on oneDNN's int8 convolution
+  (``torch.ops.onednn.qconv_pointwise``, AMX / VNNI brgemm).  It only takes
+  *unsigned* activations, so signed int8 codes go in as ``uint8 = int8 + 128``
+  (a sign-bit flip) with zero point 128; oneDNN subtracts ``128 * sum(w)`` itself.
+  The real scales are folded into the call (``x_scale`` and per-output-channel
+  ``w_scales``), so there is no separate scaling pass.
+* oneDNN applies that zero-point compensation after converting the int32
+  accumulator to float32.  This is exact only while every accumulator value fits in
+  24 bits; :func:`_qconv_exact` checks a bound computed from the weights and, when it
+  could be exceeded, splits the input channels into chunks that are each safe and
+  sums the chunks in float64.
+* The input gradient of a strided conv uses a sub-pixel decomposition: one conv of
+  the gradient with an ``s*s``-phase weight, whose output channels are the phases,
+  then one interleaving copy.  Zero-insertion would do ``s*s`` times more MACs.
+* The weight gradient is a GEMM with a long reduction (N*Ho*Wo).  It runs on
+  ``torch._int_mm`` (oneDNN s8s8s32 GEMM), over the batch in chunks that stay in
+  cache and that bound every int32 partial (see :func:`_weight_grad_chunk`); the
+  partials are summed in int64.  Stride 1 uses "shifted GEMMs" on a padded NHWC
+  grid (no im2col); other strides use a per-chunk im2col.
+
+``*_u8`` variants accept the already shifted uint8 codes: the activation / gradient
+quantizer can emit ``q + 128`` as uint8 directly and save the shifting pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ConvGeometry",
+    "conv2d_forward",
+    "conv2d_forward_u8",
+    "conv2d_input_grad",
+    "conv2d_input_grad_u8",
+    "conv2d_weight_grad",
+    "to_shifted_u8",
+]
+
+_ZP = 128  # zero point of the shifted codes: uint8 = int8 + 128
+_F32_EXACT = 1 << 24  # integers up to 2^24 are exact in float32
+_INT32_MAX = (1 << 31) - 1
+_MAX_PRODUCT = 128 * 128  # largest |int8 * int8|
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def to_shifted_u8(q: Tensor) -> Tensor:
+    """int8 codes -> uint8 ``q + 128`` in channels_last (what oneDNN's int8 conv takes).
+
+    Flipping the sign bit of a two's-complement byte adds 128 exactly, so one XOR
+    pass does the shift and the layout change together.
+    """
+    out = torch.empty(q.shape, dtype=torch.uint8, device=q.device, memory_format=torch.channels_last)
+    torch.bitwise_xor(q.view(torch.uint8), _ZP, out=out)
+    return out
+
+
+def _channels_last_u8(xu8: Tensor) -> Tensor:
+    return xu8.contiguous(memory_format=torch.channels_last)
+
+
+def _scale_vector(scale: Tensor, n: int) -> Tensor:
+    """A 1-element or length-n scale tensor as a contiguous float32 [n] vector."""
+    s = scale.reshape(-1).to(torch.float32)
+    if s.numel() not in (1, n):
+        raise ValueError(f"scale has {s.numel()} elements, expected 1 or {n}")
+    return s.expand(n).contiguous()
+
+
+def _scalar(scale: Tensor) -> float:
+    if scale.numel() != 1:
+        raise ValueError("activation / gradient scale must have one element")
+    return float(scale.reshape(()).item())
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+# ------------------------------------------------------------------ oneDNN int8 conv
+
+
+def _qconv_raw(
+    xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor,
+    stride: list[int], padding: list[int], dilation: list[int], groups: int,
+) -> Tensor:
+    """One oneDNN int8 conv, scales folded in; float32 channels_last output."""
+    co = wq.shape[0]
+    if groups > 1 and wq.shape[1] % 4 != 0 and co // groups > 16:
+        # oneDNN returns wrong sums for grouped int8 convs with a channel count per
+        # group that is not a multiple of 4 and more than 32 outputs per group; such
+        # convs run one group at a time.
+        return _qconv_per_group(xu8, x_scale, wq, w_scales, stride, padding, dilation, groups)
+    kh, kw = (dilation[i] * (wq.shape[2 + i] - 1) + 1 for i in range(2))
+    if padding[0] >= kh or padding[1] >= kw:
+        # oneDNN mis-computes windows that lie entirely in the padding (seen with one
+        # input channel per group); padding explicitly with the zero point avoids it.
+        xu8 = _pad_zero_point(xu8, padding[0], padding[0], padding[1], padding[1])
+        padding = [0, 0]
+    packed = torch.ops.onednn.qconv_prepack(
+        wq, w_scales, x_scale, _ZP, stride, padding, dilation, groups, list(xu8.shape)
+    )
+    zps = torch.zeros(co, dtype=torch.int64)
+    return torch.ops.onednn.qconv_pointwise(
+        xu8, x_scale, _ZP, packed, w_scales, zps, None, stride, padding, dilation, groups,
+        1.0, 0, torch.float32, "none", [], "",
+    )
+
+
+def _qconv_per_group(
+    xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor,
+    stride: list[int], padding: list[int], dilation: list[int], groups: int,
+) -> Tensor:
+    cig, cog = wq.shape[1], wq.shape[0] // groups
+    outs = [
+        _qconv_raw(
+            _group_channel_slice(xu8, groups, 0, cig, grp), x_scale, wq[grp * cog : (grp + 1) * cog],
+            w_scales[grp * cog : (grp + 1) * cog].contiguous(), stride, padding, dilation, 1,
+        )
+        for grp in range(groups)
+    ]
+    return torch.cat(outs, 1).contiguous(memory_format=torch.channels_last)
+
+
+def _accumulator_safe(wq: Tensor) -> bool:
+    """True if oneDNN's float zero-point compensation is exact for these weights.
+
+    oneDNN computes ``float(sum(u8 * w)) - float(128 * sum(w))``.  With u8 in
+    [0, 255] the first term lies in [-255*neg, 255*pos] (pos / neg: sums of the
+    positive / negative weights of one output channel), the second is at most
+    128*(pos+neg); both must be exact float32 integers (<= 2^24).
+    """
+    w = wq.reshape(wq.shape[0], -1).to(torch.int64)
+    pos = w.clamp(min=0).sum(1)
+    neg = (-w).clamp(min=0).sum(1)
+    worst = torch.maximum(255 * torch.maximum(pos, neg), 128 * (pos + neg))
+    return bool(worst.max() <= _F32_EXACT)
+
+
+def _qconv_exact(
+    xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor,
+    stride: list[int], padding: list[int], dilation: list[int], groups: int,
+) -> Tensor:
+    """oneDNN int8 conv that is exact for any weights (splits Cin when needed)."""
+    if xu8.shape[0] == 0 or _accumulator_safe(wq):
+        return _qconv_raw(xu8, x_scale, wq, w_scales, stride, padding, dilation, groups)
+    taps = wq.shape[2] * wq.shape[3]
+    # 255 * 128 * (channels * taps) <= 2^24 whatever the weights are.
+    per_chunk = _F32_EXACT // (255 * 128 * taps)
+    if per_chunk < 1:
+        raise NotImplementedError(f"kernels with more than 514 taps are not supported ({taps})")
+    cig = wq.shape[1]
+    ones = torch.ones(wq.shape[0], dtype=torch.float32)
+    total = None
+    for c0 in range(0, cig, per_chunk):
+        c1 = min(cig, c0 + per_chunk)
+        xs = _group_channel_slice(xu8, groups, c0, c1)
+        part = _qconv_raw(xs, 1.0, wq[:, c0:c1].contiguous(), ones, stride, padding, dilation, groups)
+        part = part.to(torch.float64)  # exact integers; float64 sums them exactly
+        total = part if total is None else total + part
+    scale = (w_scales.to(torch.float64) * x_scale).view(1, -1, 1, 1)
+    return (total * scale).to(torch.float32).contiguous(memory_format=torch.channels_last)
+
+
+def _group_channel_slice(x: Tensor, groups: int, c0: int, c1: int, group: int | None = None) -> Tensor:
+    """Channels [c0, c1) of every group of ``x`` (or of one ``group``), channels_last."""
+    n, c, h, w = x.shape
+    x5 = x.view(n, groups, c // groups, h, w)
+    if group is not None:
+        x5 = x5[:, group : group + 1]
+    part = x5[:, :, c0:c1].reshape(n, x5.shape[1] * (c1 - c0), h, w)
+    return part.contiguous(memory_format=torch.channels_last)
+
+
+# ------------------------------------------------------------------------- forward
+
+
+def conv2d_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry) -> Tensor:
+    """y = conv2d(xq, wq) * x_scale * w_scale[co]; float32 channels_last, shape as F.conv2d."""
+    return conv2d_forward_u8(to_shifted_u8(xq), x_scale, wq, w_scale, geom)
+
+
+def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry) -> Tensor:
+    """:func:`conv2d_forward` on shifted codes ``xu8 = xq + 128`` (uint8).
+
+    The activation quantizer can emit these directly (round, clamp, add 128, cast
+    to uint8), which saves the shifting pass of :func:`conv2d_forward`.
+    """
+    co = wq.shape[0]
+    return _qconv_exact(
+        _channels_last_u8(xu8), _scalar(x_scale), wq.contiguous(), _scale_vector(w_scale, co),
+        list(geom.stride), list(geom.padding), list(geom.dilation), geom.groups,
+    )
+
+
+# ------------------------------------------------------------------ input gradient
+
+
+@dataclass(frozen=True)
+class _SubPixelAxis:
+    """Sub-pixel plan along one spatial axis of the transposed conv.
+
+    Input position ``i = s*j + r`` (phase r) receives ``g[j + u] * w[k]`` for every
+    tap k with ``r + p - k*d == s*u``.  Over all phases the offsets u form a
+    progression ``umin + step*t`` (t < taps), so one conv with kernel size ``taps``
+    and dilation ``step`` computes every phase at once.
+    """
+
+    phases: int  # the stride s
+    out_len: int  # J = ceil(size / s): outputs per phase
+    umin: int
+    step: int
+    taps: int
+    tap_of: tuple[tuple[tuple[int, int], ...], ...]  # per phase: (kernel k, conv tap t)
+    pad_lo: int  # gradient padding before / after (negative = crop)
+    pad_hi: int
+
+
+def _sub_pixel_axis(size: int, g_len: int, k: int, s: int, p: int, d: int) -> _SubPixelAxis:
+    pairs = [[(kk, (r + p - kk * d) // s) for kk in range(k) if (r + p - kk * d) % s == 0] for r in range(s)]
+    us = sorted({u for phase in pairs for _, u in phase})
+    if not us:  # no tap reaches any input position (cannot happen for a valid conv)
+        us = [0]
+    umin, umax = us[0], us[-1]
+    step = 0
+    for u in us:
+        step = math.gcd(step, u - umin)
+    step = max(step, 1)
+    taps = (umax - umin) // step + 1
+    tap_of = tuple(tuple((kk, (u - umin) // step) for kk, u in phase) for phase in pairs)
+    out_len = -(-size // s)
+    return _SubPixelAxis(s, out_len, umin, step, taps, tap_of, -umin, out_len - 1 + umax - (g_len - 1))
+
+
+def _sub_pixel_weight(wq: Tensor, groups: int, ay: _SubPixelAxis, ax: _SubPixelAxis) -> Tensor:
+    """Weight [G*sy*sx*Cin_g, Co_g, taps_y, taps_x] of the sub-pixel conv.
+
+    Output channel (group, ry, rx, ci) of the new conv is input channel ci of phase
+    (ry, rx); its input channels are the gradient channels of the same group.
+    """
+    co, cig, _, _ = wq.shape
+    cog = co // groups
+    w5 = wq.reshape(groups, cog, cig, wq.shape[2], wq.shape[3])
+    out = torch.zeros(groups, ay.phases, ax.phases, cig, cog, ay.taps, ax.taps, dtype=torch.int8)
+    for ry, ytaps in enumerate(ay.tap_of):
+        for rx, xtaps in enumerate(ax.tap_of):
+            for kh, th in ytaps:
+                for kw, tw in xtaps:
+                    out[:, ry, rx, :, :, th, tw] = w5[:, :, :, kh, kw].transpose(1, 2)
+    return out.reshape(groups * ay.phases * ax.phases * cig, cog, ay.taps, ax.taps)
+
+
+def _pad_shifted(gu8: Tensor, ay: _SubPixelAxis, ax: _SubPixelAxis) -> tuple[Tensor, list[int]]:
+    """Apply the (possibly asymmetric / negative) gradient padding.
+
+    Symmetric non-negative padding is left to oneDNN; otherwise the uint8 codes are
+    copied into a buffer filled with the zero point (which is the real value 0).
+    """
+    if ay.pad_lo == ay.pad_hi >= 0 and ax.pad_lo == ax.pad_hi >= 0:
+        return gu8, [ay.pad_lo, ax.pad_lo]
+    return _pad_zero_point(gu8, ay.pad_lo, ay.pad_hi, ax.pad_lo, ax.pad_hi), [0, 0]
+
+
+def _pad_zero_point(xu8: Tensor, top: int, bottom: int, left: int, right: int) -> Tensor:
+    """Pad (negative = crop) shifted codes with the zero point 128, i.e. the real value 0."""
+    n, c, h, w = xu8.shape
+    hp, wp = h + top + bottom, w + left + right
+    buf = torch.empty((n, c, hp, wp), dtype=torch.uint8, memory_format=torch.channels_last).fill_(_ZP)
+    src = xu8[:, :, max(0, -top) : h - max(0, -bottom), max(0, -left) : w - max(0, -right)]
+    y0, x0 = max(0, top), max(0, left)
+    buf[:, :, y0 : y0 + src.shape[2], x0 : x0 + src.shape[3]].copy_(src)
+    return buf
+
+
+def _interleave_phases(y: Tensor, input_shape: tuple, groups: int, ay: _SubPixelAxis, ax: _SubPixelAxis) -> Tensor:
+    """Phase-major conv output -> dx [N, Cin, H, W] channels_last (depth-to-space + crop)."""
+    n, cin, h, w = input_shape
+    sy, sx = ay.phases, ax.phases
+    if sy == 1 and sx == 1 and y.shape[2] == h and y.shape[3] == w:
+        return y
+    cig = cin // groups
+    src = y.permute(0, 2, 3, 1).reshape(n, ay.out_len, ax.out_len, groups, sy, sx, cig)
+    dx = torch.empty((n, cin, h, w), dtype=y.dtype, memory_format=torch.channels_last)
+    dst = dx.permute(0, 2, 3, 1)
+    for ry in range(sy):
+        for rx in range(sx):
+            part = dst[:, ry::sy, rx::sx, :]
+            rows, cols = part.shape[1], part.shape[2]
+            part.view(n, rows, cols, groups, cig).copy_(src[:, :rows, :cols, :, ry, rx, :])
+    return dx
+
+
+def conv2d_input_grad(
+    gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple, geom: ConvGeometry
+) -> Tensor:
+    """dx = conv_transpose2d(gq, wq) * g_scale * w_scale[ci]; float32 [N,Cin,H,W] channels_last."""
+    return conv2d_input_grad_u8(to_shifted_u8(gq), g_scale, wq, w_scale, input_shape, geom)
+
+
+def conv2d_input_grad_u8(
+    gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple, geom: ConvGeometry
+) -> Tensor:
+    """:func:`conv2d_input_grad` on shifted codes ``gu8 = gq + 128`` (uint8).
+
+    The gradient quantizer can emit these directly and save the shifting pass.
+    ``w_scale`` is per input channel (length Cin) or a single element.
+    """
+    n, cin, h, w = (int(v) for v in input_shape)
+    if n == 0:
+        return torch.empty((0, cin, h, w), dtype=torch.float32, memory_format=torch.channels_last)
+    (sh, sw), (ph, pw), (dh, dw) = geom.stride, geom.padding, geom.dilation
+    ay = _sub_pixel_axis(h, gu8.shape[2], wq.shape[2], sh, ph, dh)
+    ax = _sub_pixel_axis(w, gu8.shape[3], wq.shape[3], sw, pw, dw)
+    w_sub = _sub_pixel_weight(wq, geom.groups, ay, ax)
+    # Output channel (group, ry, rx, ci) carries the scale of input channel ci.
+    ws = _scale_vector(w_scale, cin).view(geom.groups, 1, 1, cin // geom.groups)
+    ws = ws.expand(geom.groups, sh, sw, cin // geom.groups).reshape(-1).contiguous()
+    g_in, padding = _pad_shifted(_channels_last_u8(gu8), ay, ax)
+    y = _qconv_exact(g_in, _scalar(g_scale), w_sub, ws, [1, 1], padding, [ay.step, ax.step], geom.groups)
+    return _interleave_phases(y, (n, cin, h, w), geom.groups, ay, ax)
+
+
+# ----------------------------------------------------------------- weight gradient
+
+
+def _batch_chunk(n: int, terms_per_image: int, bytes_per_image: int) -> int:
+    """Images per weight-gradient chunk.
+
+    Each int32 partial sums ``images * terms_per_image`` products of magnitude at
+    most 128*128 = 2^14, so ``images * terms_per_image * 2^14 <= 2^31 - 1`` rules out
+    overflow for any codes (ResNet-20 stage 1, 32x32 outputs: at most 127 images,
+    so a full batch of 128 would overflow).  Within that bound, chunks of about
+    1 MiB of activations keep the GEMM operands in L2.
+    """
+    safe = max(1, _INT32_MAX // (_MAX_PRODUCT * max(1, terms_per_image)))
+    cached = max(1, (1 << 20) // max(1, bytes_per_image))
+    return max(1, min(n, safe, cached))
+
+
+def _int_mm(a: Tensor, b: Tensor) -> Tensor:
+    """``torch._int_mm`` with operands whose strides the oneDNN GEMM reads correctly.
+
+    A matrix with a size-1 dimension can carry strides (e.g. (1, 1)) that the GEMM
+    misreads as a too-small leading dimension, so such operands are copied first.
+    """
+    return torch._int_mm(_gemm_layout(a), _gemm_layout(b))
+
+
+def _gemm_layout(m: Tensor) -> Tensor:
+    rows, cols = m.shape
+    s0, s1 = m.stride()
+    if s1 == 1 and s0 >= max(1, cols):  # row-major
+        return m
+    if s0 == 1 and s1 >= max(1, rows) and min(rows, cols) > 1:  # column-major
+        return m
+    return torch.empty((rows, cols), dtype=m.dtype, device=m.device).copy_(m)
+
+
+def _nhwc(t: Tensor) -> Tensor:
+    """[N, C, H, W] -> [N, H, W, C] view (free for channels_last inputs)."""
+    return t.permute(0, 2, 3, 1)
+
+
+def _shifted_gemm_chunk(x: Tensor, g: Tensor, k_h: int, k_w: int, geom: ConvGeometry, out: Tensor) -> None:
+    """Stride-1 weight gradient of one batch chunk, added into ``out`` (int64 [G,Cog,kh,kw,Cig]).
+
+    x is padded into an NHWC grid [n, Hp, Wp, C] and g is put on the same grid
+    (top-left aligned, zeros elsewhere).  Flattened to rows, the input pixel of
+    tap (kh, kw) for gradient row r is row ``r + dh*kh*Wp + dw*kw``, so each tap is
+    one GEMM  g_rows^T @ x_rows[offset:]  with no im2col.
+    """
+    n, cin, h, w = x.shape
+    co, ho, wo = g.shape[1], g.shape[2], g.shape[3]
+    (ph, pw), (dh, dw), groups = geom.padding, geom.dilation, geom.groups
+    hp, wp = h + 2 * ph, w + 2 * pw
+    xb = torch.zeros((n, hp, wp, cin), dtype=torch.int8)
+    xb[:, ph : ph + h, pw : pw + w].copy_(_nhwc(x))
+    gb = torch.zeros((n, hp, wp, co), dtype=torch.int8)
+    gb[:, :ho, :wo].copy_(_nhwc(g))
+    xf, gf = xb.view(-1, cin), gb.view(-1, co)
+    rows = xf.shape[0] - (dh * (k_h - 1) * wp + dw * (k_w - 1))
+    cig, cog = cin // groups, co // groups
+    for grp in range(groups):
+        a = gf[:rows, grp * cog : (grp + 1) * cog].t()
+        for kh in range(k_h):
+            for kw in range(k_w):
+                off = dh * kh * wp + dw * kw
+                b = xf[off : off + rows, grp * cig : (grp + 1) * cig]
+                out[grp, :, kh, kw] += _int_mm(a, b)
+
+
+def _im2col_gemm_chunk(x: Tensor, g: Tensor, k_h: int, k_w: int, geom: ConvGeometry, out: Tensor) -> None:
+    """General-stride weight gradient of one batch chunk via im2col, added into ``out``."""
+    n, cin, h, w = x.shape
+    co, ho, wo = g.shape[1], g.shape[2], g.shape[3]
+    (sh, sw), (ph, pw), (dh, dw), groups = geom.stride, geom.padding, geom.dilation, geom.groups
+    hp, wp = h + 2 * ph, w + 2 * pw
+    xb = torch.zeros((n, hp, wp, cin), dtype=torch.int8)
+    xb[:, ph : ph + h, pw : pw + w].copy_(_nhwc(x))
+    cig, cog = cin // groups, co // groups
+    patches = xb.as_strided(
+        (n, ho, wo, groups, k_h, k_w, cig),
+        (hp * wp * cin, sh * wp * cin, sw * cin, cig, dh * wp * cin, dw * cin, 1),
+    )
+    cols = patches.contiguous().view(n * ho * wo, groups, k_h * k_w * cig)
+    gf = _nhwc(g).reshape(n * ho * wo, co)
+    for grp in range(groups):
+        a = gf[:, grp * cog : (grp + 1) * cog].t()
+        prod = _int_mm(a, cols[:, grp])
+        out[grp] += prod.view(cog, k_h, k_w, cig)
+
+
+def conv2d_weight_grad(
+    gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: tuple, geom: ConvGeometry
+) -> Tensor:
+    """dW = sum_{n,h,w} gq * xq_shifted * g_scale[co] * x_scale; float32 ``weight_shape``."""
+    co, cig, k_h, k_w = (int(v) for v in weight_shape)
+    n, cin = xq.shape[0], xq.shape[1]
+    ho, wo = gq.shape[2], gq.shape[3]
+    groups = geom.groups
+    acc = torch.zeros((groups, co // groups, k_h, k_w, cig), dtype=torch.int64)
+    stride1 = tuple(geom.stride) == (1, 1)
+    chunk_fn = _shifted_gemm_chunk if stride1 else _im2col_gemm_chunk
+    ph, pw = geom.padding
+    image_bytes = (xq.shape[2] + 2 * ph) * (xq.shape[3] + 2 * pw) * cin
+    step = _batch_chunk(n, ho * wo, image_bytes)
+    for n0 in range(0, n, step):
+        chunk_fn(xq[n0 : n0 + step], gq[n0 : n0 + step], k_h, k_w, geom, acc)
+    # [G, Cog, kh, kw, Cig] -> [Co, Cig, kh, kw]
+    dw_int = acc.permute(0, 1, 4, 2, 3).reshape(co, cig, k_h, k_w)
+    scale = _scale_vector(g_scale, co).to(torch.float64) * _scalar(x_scale)
+    return (dw_int.to(torch.float64) * scale.view(co, 1, 1, 1)).to(torch.float32)
