@@ -22,7 +22,7 @@ Kernels
   then one interleaving copy.  Zero-insertion would do ``s*s`` times more MACs.
 * The weight gradient is a GEMM with a long reduction (N*Ho*Wo).  It runs on
   ``torch._int_mm`` (oneDNN s8s8s32 GEMM), over the batch in chunks that stay in
-  cache and that bound every int32 partial (see :func:`_weight_grad_chunk`); the
+  cache and that bound every int32 partial (see :func:`_batch_chunk`); the
   partials are summed in int64.  Stride 1 uses "shifted GEMMs" on a padded NHWC
   grid (no im2col); other strides use a per-chunk im2col.
 
@@ -350,11 +350,12 @@ def _batch_chunk(n: int, terms_per_image: int, bytes_per_image: int) -> int:
     Each int32 partial sums ``images * terms_per_image`` products of magnitude at
     most 128*128 = 2^14, so ``images * terms_per_image * 2^14 <= 2^31 - 1`` rules out
     overflow for any codes (ResNet-20 stage 1, 32x32 outputs: at most 127 images,
-    so a full batch of 128 would overflow).  Within that bound, chunks of about
-    1 MiB of activations keep the GEMM operands in L2.
+    so a full batch of 128 would overflow).  Within that bound a chunk holds about
+    2 MiB of activations (one core's L2): bigger chunks mean fewer GEMM calls, whose
+    fixed cost dominates for these skinny shapes.
     """
     safe = max(1, _INT32_MAX // (_MAX_PRODUCT * max(1, terms_per_image)))
-    cached = max(1, (1 << 20) // max(1, bytes_per_image))
+    cached = max(1, (2 << 20) // max(1, bytes_per_image))
     return max(1, min(n, safe, cached))
 
 
@@ -382,71 +383,90 @@ def _nhwc(t: Tensor) -> Tensor:
     return t.permute(0, 2, 3, 1)
 
 
-def _shifted_gemm_chunk(x: Tensor, g: Tensor, k_h: int, k_w: int, geom: ConvGeometry, out: Tensor) -> None:
-    """Stride-1 weight gradient of one batch chunk, added into ``out`` (int64 [G,Cog,kh,kw,Cig]).
+class _PaddedBatch:
+    """Reused per-call buffers: x zero-padded as NHWC, and g transposed to [Co, N, ., .].
 
-    x is padded into an NHWC grid [n, Hp, Wp, C] and g is put on the same grid
-    (top-left aligned, zeros elsewhere).  Flattened to rows, the input pixel of
-    tap (kh, kw) for gradient row r is row ``r + dh*kh*Wp + dw*kw``, so each tap is
-    one GEMM  g_rows^T @ x_rows[offset:]  with no im2col.
+    The GEMM runs fastest with both operands row-major ("g^T" as [Co, rows] and x as
+    [rows, C]), so the gradient is transposed once while it is copied into its buffer
+    instead of being read through a transposed view by every GEMM.  The buffers are
+    allocated and zeroed once per call; each chunk overwrites only the interior, so
+    the padding stays zero.
     """
-    n, cin, h, w = x.shape
-    co, ho, wo = g.shape[1], g.shape[2], g.shape[3]
-    (ph, pw), (dh, dw), groups = geom.padding, geom.dilation, geom.groups
-    hp, wp = h + 2 * ph, w + 2 * pw
-    xb = torch.zeros((n, hp, wp, cin), dtype=torch.int8)
-    xb[:, ph : ph + h, pw : pw + w].copy_(_nhwc(x))
-    gb = torch.zeros((n, hp, wp, co), dtype=torch.int8)
-    gb[:, :ho, :wo].copy_(_nhwc(g))
-    xf, gf = xb.view(-1, cin), gb.view(-1, co)
+
+    def __init__(self, chunk: int, cin: int, co: int, x_hw: tuple[int, int], g_hw: tuple[int, int]) -> None:
+        self.x = torch.zeros((chunk, *x_hw, cin), dtype=torch.int8)
+        self.g = torch.zeros((co, chunk, *g_hw), dtype=torch.int8)
+
+    def load(self, x: Tensor, g: Tensor, pad: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """Copy one chunk in; return (x rows [m*Hp*Wp, C], g^T [Co, m*Hg*Wg])."""
+        m, _, h, w = x.shape
+        ph, pw = pad
+        self.x[:m, ph : ph + h, pw : pw + w].copy_(_nhwc(x))
+        self.g[:, :m, : g.shape[2], : g.shape[3]].copy_(g.permute(1, 0, 2, 3))
+        return self.x[:m].view(-1, self.x.shape[3]), self.g[:, :m].reshape(self.g.shape[0], -1)
+
+
+def _shifted_gemms(xf: Tensor, gt: Tensor, k_h: int, k_w: int, wp: int, geom: ConvGeometry, out: Tensor) -> None:
+    """Stride-1 weight gradient of one chunk, added into ``out`` (int64 [G,Cog,kh,kw,Cig]).
+
+    x is on a padded NHWC grid [m, Hp, Wp, C] and g on the same grid (top-left
+    aligned, zeros elsewhere).  Flattened to rows, the input pixel of tap (kh, kw) for
+    gradient row r is row ``r + dh*kh*Wp + dw*kw``, so each tap is one GEMM
+    ``g^T[:, :rows] @ x[offset : offset + rows]`` with no im2col.
+    """
+    (dh, dw), groups = geom.dilation, geom.groups
     rows = xf.shape[0] - (dh * (k_h - 1) * wp + dw * (k_w - 1))
-    cig, cog = cin // groups, co // groups
+    cig, cog = xf.shape[1] // groups, gt.shape[0] // groups
     for grp in range(groups):
-        a = gf[:rows, grp * cog : (grp + 1) * cog].t()
+        a = gt[grp * cog : (grp + 1) * cog, :rows]
         for kh in range(k_h):
             for kw in range(k_w):
                 off = dh * kh * wp + dw * kw
-                b = xf[off : off + rows, grp * cig : (grp + 1) * cig]
-                out[grp, :, kh, kw] += _int_mm(a, b)
+                out[grp, :, kh, kw] += _int_mm(a, xf[off : off + rows, grp * cig : (grp + 1) * cig])
 
 
-def _im2col_gemm_chunk(x: Tensor, g: Tensor, k_h: int, k_w: int, geom: ConvGeometry, out: Tensor) -> None:
-    """General-stride weight gradient of one batch chunk via im2col, added into ``out``."""
-    n, cin, h, w = x.shape
-    co, ho, wo = g.shape[1], g.shape[2], g.shape[3]
-    (sh, sw), (ph, pw), (dh, dw), groups = geom.stride, geom.padding, geom.dilation, geom.groups
-    hp, wp = h + 2 * ph, w + 2 * pw
-    xb = torch.zeros((n, hp, wp, cin), dtype=torch.int8)
-    xb[:, ph : ph + h, pw : pw + w].copy_(_nhwc(x))
+def _im2col_gemms(xf: Tensor, gt: Tensor, k_h: int, k_w: int, xp_hw: tuple[int, int], geom: ConvGeometry, out: Tensor) -> None:
+    """General-stride weight gradient of one chunk via a per-chunk im2col, added into ``out``."""
+    groups, (sh, sw), (dh, dw) = geom.groups, geom.stride, geom.dilation
+    hp, wp = xp_hw
+    cin, co = xf.shape[1], gt.shape[0]
+    m = xf.shape[0] // (hp * wp)
+    ho, wo = _out_size(hp, k_h, sh, 0, dh), _out_size(wp, k_w, sw, 0, dw)
     cig, cog = cin // groups, co // groups
-    patches = xb.as_strided(
-        (n, ho, wo, groups, k_h, k_w, cig),
+    patches = xf.as_strided(
+        (m, ho, wo, groups, k_h, k_w, cig),
         (hp * wp * cin, sh * wp * cin, sw * cin, cig, dh * wp * cin, dw * cin, 1),
     )
-    cols = patches.contiguous().view(n * ho * wo, groups, k_h * k_w * cig)
-    gf = _nhwc(g).reshape(n * ho * wo, co)
+    cols = patches.contiguous().view(m * ho * wo, groups, k_h * k_w * cig)
     for grp in range(groups):
-        a = gf[:, grp * cog : (grp + 1) * cog].t()
-        prod = _int_mm(a, cols[:, grp])
+        prod = _int_mm(gt[grp * cog : (grp + 1) * cog], cols[:, grp])
         out[grp] += prod.view(cog, k_h, k_w, cig)
 
 
 def conv2d_weight_grad(
     gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: tuple, geom: ConvGeometry
 ) -> Tensor:
-    """dW = sum_{n,h,w} gq * xq_shifted * g_scale[co] * x_scale; float32 ``weight_shape``."""
+    """dW = sum_{n,h,w} gq * xq_shifted * g_scale[co] * x_scale; float32 ``weight_shape``.
+
+    Takes any memory format; an NCHW-contiguous ``gq`` makes the internal transpose
+    of the gradient cheapest.
+    """
     co, cig, k_h, k_w = (int(v) for v in weight_shape)
-    n, cin = xq.shape[0], xq.shape[1]
+    n, cin, h, w = xq.shape
     ho, wo = gq.shape[2], gq.shape[3]
-    groups = geom.groups
+    groups, (ph, pw) = geom.groups, geom.padding
+    hp, wp = h + 2 * ph, w + 2 * pw
     acc = torch.zeros((groups, co // groups, k_h, k_w, cig), dtype=torch.int64)
+    step = _batch_chunk(n, ho * wo, hp * wp * cin)
     stride1 = tuple(geom.stride) == (1, 1)
-    chunk_fn = _shifted_gemm_chunk if stride1 else _im2col_gemm_chunk
-    ph, pw = geom.padding
-    image_bytes = (xq.shape[2] + 2 * ph) * (xq.shape[3] + 2 * pw) * cin
-    step = _batch_chunk(n, ho * wo, image_bytes)
+    # Stride 1: g sits on x's padded grid; otherwise g keeps its own [Ho, Wo] grid.
+    bufs = _PaddedBatch(step, cin, co, (hp, wp), (hp, wp) if stride1 else (ho, wo)) if n else None
     for n0 in range(0, n, step):
-        chunk_fn(xq[n0 : n0 + step], gq[n0 : n0 + step], k_h, k_w, geom, acc)
+        xf, gt = bufs.load(xq[n0 : n0 + step], gq[n0 : n0 + step], (ph, pw))
+        if stride1:
+            _shifted_gemms(xf, gt, k_h, k_w, wp, geom, acc)
+        else:
+            _im2col_gemms(xf, gt, k_h, k_w, (hp, wp), geom, acc)
     # [G, Cog, kh, kw, Cig] -> [Co, Cig, kh, kw]
     dw_int = acc.permute(0, 1, 4, 2, 3).reshape(co, cig, k_h, k_w)
     scale = _scale_vector(g_scale, co).to(torch.float64) * _scalar(x_scale)
