@@ -42,6 +42,16 @@ def test_bad_model_exits_2_without_traceback() -> None:
     assert len(lines) == 1 and lines[0].startswith("error: --model: 'resnet18' is not one of: mlp,")
 
 
+def test_train_help_lists_names() -> None:
+    from inttrain.data import DATASET_NAMES
+    from inttrain.models import MODEL_NAMES
+
+    r = _cli("train", "--help")
+    text = " ".join(r.stdout.split())  # help text may wrap
+    for name in (*DATASET_NAMES, *(n for n in MODEL_NAMES if n != "gpt-small")):
+        assert name in text, name
+
+
 def test_debug_shows_traceback() -> None:
     r = _cli("train", "--model", "resnet18", "--debug")
     assert r.returncode == 2 and "Traceback" in r.stderr
@@ -74,7 +84,7 @@ def test_bad_npz_names_file_index_and_rule(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_train_prints_epoch_lines(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "--epochs", "1", "--dataset", "synthetic"]) == 0
+    assert main(["train", "--epochs", "1", "--dataset", "synthetic", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "epoch 1/1" in out and "val_acc" in out and out.rstrip().splitlines()[-1].startswith("done:")
 
@@ -82,7 +92,8 @@ def test_train_prints_epoch_lines(capsys: pytest.CaptureFixture[str]) -> None:
 def test_demo() -> None:
     if get_prepare() is None:
         pytest.skip("inttrain.prepare_ not available yet")
-    r = _cli("demo", "--epochs", "1", timeout=300)
+    # Short budget: the first int8 steps pay the kernels' compile time.
+    r = _cli("demo", "--epochs", "1", "--batch-size", "128", timeout=300)
     assert r.returncode == 0, r.stderr
     table = r.stdout[r.stdout.index("recipe"):]
     assert "fp32" in table and "int8" in table and "speed vs fp32" in table

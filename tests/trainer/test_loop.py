@@ -13,6 +13,16 @@ from inttrain.models import build_model
 from inttrain.trainer import NonFiniteLossError, RunResult, get_prepare, train
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models: one thread is as fast, and immune to slowdowns from thread
+    # pools spinning against other processes on a busy CI machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def digits() -> DatasetSplits:
     return load_dataset("digits")
@@ -21,7 +31,8 @@ def digits() -> DatasetSplits:
 def _run(splits: DatasetSplits, recipe: str = "fp32", seed: int = 0, epochs: int = 3, **kw: object) -> RunResult:
     torch.manual_seed(seed)
     model = build_model("small-cnn", splits.num_classes, splits.in_channels, splits.image_size)
-    return train(model, splits, recipe, epochs=epochs, batch_size=32, lr=0.05, seed=seed, log=lambda s: None, **kw)
+    kw.setdefault("batch_size", 32)
+    return train(model, splits, recipe, epochs=epochs, lr=0.05, seed=seed, log=lambda s: None, **kw)
 
 
 def test_fp32_digits_learns(digits: DatasetSplits) -> None:
@@ -49,8 +60,10 @@ def test_logs_one_line_per_epoch(digits: DatasetSplits) -> None:
     torch.manual_seed(0)
     model = build_model("small-cnn", 10, 1, 8)
     train(model, digits, epochs=2, log=lines.append, progress=False)
-    assert [l.split()[:2] for l in lines] == [["epoch", "1/2"], ["epoch", "2/2"]]
-    assert "val_acc" in lines[0] and "ms/step" in lines[0]
+    # Periodic step lines (on slow machines) are indented; epoch lines are not.
+    epoch_lines = [l for l in lines if not l.startswith(" ")]
+    assert [l.split()[:2] for l in epoch_lines] == [["epoch", "1/2"], ["epoch", "2/2"]]
+    assert "val_acc" in epoch_lines[0] and "ms/step" in epoch_lines[0]
 
 
 class _NaNOnSteps(nn.Module):
@@ -94,8 +107,11 @@ def test_bad_arguments(digits: DatasetSplits) -> None:
         train(model, digits, epochs=0, log=lambda s: None)
 
 
-def test_int8_recipe_when_available(digits: DatasetSplits) -> None:
+def test_int8_recipe_learns_and_is_deterministic(digits: DatasetSplits) -> None:
     if get_prepare() is None:
         pytest.skip("inttrain.prepare_ not available yet")
-    res = _run(digits, "int8", epochs=2)
-    assert res.val_accuracy > 0.85
+    # One short epoch (big batches): the first int8 run pays the kernels' compile time.
+    a = _run(digits, "int8", epochs=1, seed=3, batch_size=64)
+    b = _run(digits, "int8", epochs=1, seed=3, batch_size=64)
+    assert a.val_accuracy > 0.8 and a.skipped_steps == 0
+    assert a.train_losses == b.train_losses

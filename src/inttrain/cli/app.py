@@ -33,16 +33,21 @@ def _root(
 
 @app.command()
 def demo(
-    epochs: Annotated[int, typer.Option(help="Epochs per recipe.")] = 6,
+    epochs: Annotated[int, typer.Option(help="Epochs per recipe.")] = 4,
     batch_size: Annotated[int, typer.Option(help="Batch size.")] = 32,
     lr: Annotated[float, typer.Option(help="Learning rate (SGD, momentum 0.9).")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed for init, data split and order.")] = 0,
     recipes: Annotated[str, typer.Option(help="Comma-separated recipes to compare.")] = "fp32,int8",
+    threads: Annotated[
+        int, typer.Option(help="CPU threads. 1 by default: the tiny model gains nothing from more, and "
+                          "spinning thread pools make timings erratic on busy machines.")
+    ] = 1,
 ) -> None:
     """Train a small CNN on the built-in digits data in fp32 and int8 and compare."""
     from .demo import format_table, run_demo
 
-    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr)
+    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, threads=threads)
+    _set_threads(threads)
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     if not names:
         raise _usage("--recipes", f"{recipes!r} names no recipe; e.g. fp32,int8")
@@ -67,8 +72,8 @@ def env() -> None:
 
 @app.command("train")
 def train_cmd(
-    model: Annotated[str, typer.Option(help="Model name (see error for the list).")] = "small-cnn",
-    dataset: Annotated[str, typer.Option(help="Dataset name.")] = "digits",
+    model: Annotated[str, typer.Option(help="mlp, lenet5, small-cnn, resnet20, resnet32, resnet56, vgg-small.")] = "small-cnn",
+    dataset: Annotated[str, typer.Option(help="digits, synthetic, npz, mnist, cifar10.")] = "digits",
     data_dir: Annotated[Path | None, typer.Option(help=".npz file, or folder with <dataset>.npz.")] = None,
     recipe: Annotated[str, typer.Option(help="fp32, bf16, or an inttrain recipe such as int8.")] = "fp32",
     epochs: Annotated[int, typer.Option(help="Number of epochs.")] = 5,
@@ -76,6 +81,7 @@ def train_cmd(
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 0.05,
     optimizer: Annotated[str, typer.Option(help="sgd, adam or adamw.")] = "sgd",
     seed: Annotated[int, typer.Option(help="Seed for init, data split and order.")] = 0,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (default: torch's choice).")] = None,
 ) -> None:
     """Train one model with one recipe, printing a line per epoch."""
     import torch
@@ -89,6 +95,9 @@ def train_cmd(
     _check_choice("--optimizer", optimizer, OPTIMIZER_NAMES)
     _check_recipe(recipe, field="--recipe")
     _check_positive(epochs=epochs, batch_size=batch_size, lr=lr)
+    if threads is not None:
+        _check_positive(threads=threads)
+        _set_threads(threads)
     if model == "gpt-small":
         raise _usage("--model", "'gpt-small' needs a text dataset, which `train` does not load yet; use an image model")
     if data_dir is not None and not data_dir.exists():
@@ -136,6 +145,12 @@ def _check_positive(**values: float) -> None:
     for name, value in values.items():
         if not value > 0:
             raise _usage("--" + name.replace("_", "-"), f"{value} must be > 0")
+
+
+def _set_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
 
 
 def _allowed_recipes() -> tuple[str, ...] | None:

@@ -48,7 +48,7 @@ def _total_calls() -> int | None:
 
 def run_demo(
     recipes: Sequence[str] = ("fp32", "int8"),
-    epochs: int = 6,
+    epochs: int = 4,
     batch_size: int = 32,
     lr: float = 0.05,
     seed: int = 0,
@@ -59,7 +59,8 @@ def run_demo(
     steps = len(splits.train) // batch_size
     log(
         f"inttrain demo: {MODEL} on {DATASET} ({len(splits.train)} train / {len(splits.val)} val), "
-        f"{epochs} epochs x {steps} steps, batch {batch_size}, lr {lr}, seed {seed}"
+        f"{epochs} epochs x {steps} steps, batch {batch_size}, lr {lr}, seed {seed}, "
+        f"{torch.get_num_threads()} thread(s)"
     )
     rows = []
     for recipe in recipes:
