@@ -108,3 +108,25 @@ def test_bad_sizes_rejected() -> None:
         build_model("gpt-small", 10, 1, 8, d_model=30, n_heads=4)
     with pytest.raises(ValueError, match="image_size"):
         build_model("vgg-small", 10, 3, 4)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet5", "small-cnn", "resnet20", "vgg-small", "gpt-small"])
+def test_models_run_under_int8(name: str) -> None:
+    """Every GEMM layer converts and the model still trains (forward + backward)."""
+    inttrain = pytest.importorskip("inttrain")
+    try:
+        prepare = inttrain.prepare_
+    except (AttributeError, ImportError):
+        pytest.skip("inttrain.prepare_ not available yet")
+    torch.manual_seed(0)
+    if name == "gpt-small":
+        model = build_model(name, 32, 1, 8, d_model=32, n_layers=1, n_heads=2)
+        x: torch.Tensor = torch.randint(0, 32, (2, 8))
+    elif name == "mlp":
+        model, x = build_model(name, 10, 1, 8, widths=(32, 32)), torch.randn(4, 1, 8, 8)
+    else:
+        model, x = build_model(name, 10, 1, 8), torch.randn(4, 1, 8, 8)
+    prepare(model, "int8")
+    out = model(x)
+    out.float().sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

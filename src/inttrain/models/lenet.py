@@ -12,6 +12,8 @@ from torch import Tensor, nn
 __all__ = ["LeNet5"]
 
 
+# ReLUs are not in-place: an integer layer's output may be an autograd view
+# that must not be modified in place.
 class LeNet5(nn.Module):
     def __init__(self, num_classes: int, in_channels: int = 1, image_size: int = 28) -> None:
         super().__init__()
@@ -23,18 +25,18 @@ class LeNet5(nn.Module):
         size = (size + 2 * pad2 - 4) // 2
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 6, 5, padding=2),
-            nn.ReLU(inplace=True),
+            nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Conv2d(6, 16, 5, padding=pad2),
-            nn.ReLU(inplace=True),
+            nn.ReLU(),
             nn.MaxPool2d(2),
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
             nn.Linear(16 * size * size, 120),
-            nn.ReLU(inplace=True),
+            nn.ReLU(),
             nn.Linear(120, 84),
-            nn.ReLU(inplace=True),
+            nn.ReLU(),
             nn.Linear(84, num_classes),
         )
 

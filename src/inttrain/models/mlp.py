@@ -17,6 +17,8 @@ __all__ = ["MLP", "DEFAULT_WIDTHS"]
 DEFAULT_WIDTHS: tuple[int, ...] = (1024, 1024, 1024)
 
 
+# ReLUs are not in-place: an integer layer's output may be an autograd view
+# that must not be modified in place.
 class MLP(nn.Module):
     """Flatten -> [Linear -> ReLU] * len(widths) -> Linear."""
 
@@ -30,7 +32,7 @@ class MLP(nn.Module):
         layers: list[nn.Module] = [nn.Flatten()]
         prev = in_features
         for width in widths:
-            layers += [nn.Linear(prev, width), nn.ReLU(inplace=True)]
+            layers += [nn.Linear(prev, width), nn.ReLU()]
             prev = width
         layers.append(nn.Linear(prev, num_classes))
         self.net = nn.Sequential(*layers)

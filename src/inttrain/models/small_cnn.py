@@ -11,6 +11,8 @@ from torch import Tensor, nn
 __all__ = ["SmallCNN"]
 
 
+# ReLUs are not in-place: an integer layer's output may be an autograd view
+# that must not be modified in place.
 class SmallCNN(nn.Module):
     def __init__(self, num_classes: int, in_channels: int = 1, image_size: int = 8) -> None:
         super().__init__()
@@ -20,10 +22,10 @@ class SmallCNN(nn.Module):
             # No conv bias: the following BatchNorm has its own shift.
             nn.Conv2d(in_channels, 16, 3, padding=1, bias=False),
             nn.BatchNorm2d(16),
-            nn.ReLU(inplace=True),
+            nn.ReLU(),
             nn.Conv2d(16, 32, 3, padding=1, bias=False),
             nn.BatchNorm2d(32),
-            nn.ReLU(inplace=True),
+            nn.ReLU(),
             nn.MaxPool2d(2),
         )
         side = image_size // 2

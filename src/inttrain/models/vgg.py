@@ -14,6 +14,8 @@ __all__ = ["VGGSmall"]
 _STAGES: tuple[tuple[int, int], ...] = ((128, 2), (256, 2), (512, 2))
 
 
+# ReLUs are not in-place: an integer layer's output may be an autograd view
+# that must not be modified in place.
 class VGGSmall(nn.Module):
     def __init__(
         self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32, hidden: int | None = 1024
@@ -28,7 +30,7 @@ class VGGSmall(nn.Module):
                 layers += [
                     nn.Conv2d(prev, channels, 3, padding=1, bias=False),
                     nn.BatchNorm2d(channels),
-                    nn.ReLU(inplace=True),
+                    nn.ReLU(),
                 ]
                 prev = channels
             layers.append(nn.MaxPool2d(2))
@@ -37,7 +39,7 @@ class VGGSmall(nn.Module):
         flat = prev * side * side
         head: list[nn.Module] = [nn.Flatten()]
         if hidden:
-            head += [nn.Linear(flat, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_classes)]
+            head += [nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)]
         else:
             head.append(nn.Linear(flat, num_classes))
         self.classifier = nn.Sequential(*head)
