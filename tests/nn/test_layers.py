@@ -130,3 +130,9 @@ def test_works_under_torch_compile():
     y.sum().backward()
     assert model[0].weight.grad is not None and torch.isfinite(model[0].weight.grad).all()
     assert inttrain.sqnr_db(model(x), y) > 60  # same integer arithmetic, eager or compiled
+
+
+def test_inplace_relu_after_int_layer():
+    model = inttrain.prepare_(nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 4)), "int8")
+    model(torch.randn(3, 2, 8)).sum().backward()
+    assert model[0].weight.grad is not None

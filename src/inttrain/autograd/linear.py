@@ -17,31 +17,31 @@ import torch
 
 from ..kernels.fused import dequant_epilogue, quantize_matrix
 from ..kernels.matmul import int_mm
-from ..numerics.quantize import check_finite
-from ..spec import GemmPrecision, LayerPrecision
+from ..numerics.quantize import check_finite, is_finite
+from ..spec import LayerPrecision
 
 __all__ = ["int_linear", "GemmSeeds"]
 
 GemmSeeds = tuple[int, int, int]  # stochastic-rounding seeds for the forward, grad_input, grad_weight GEMMs
 
 
-def _int_gemm(a: torch.Tensor, a_kept: int, b: torch.Tensor, b_kept: int, prec: GemmPrecision, seed: int,
-              *, a_transpose: bool = False, b_transpose: bool = False, what: str = "") -> torch.Tensor:
-    """Quantize both operands per ``prec`` and return ``dequant(int_mm(qa, qb))`` as float32.
+def _non_finite_grads(ctx, weight: torch.Tensor):
+    """NaN gradients for every input that wants one.
 
-    ``a``/``b`` are given in their stored layout; ``*_transpose`` says the GEMM operand is its transpose.
+    A non-finite output gradient is propagated rather than raised: the trainer's step guard
+    (GradScaler-style) sees NaN gradients and skips the step with the parameters untouched.
     """
-    qa, sa = quantize_matrix(a, prec.lhs, a_kept, transpose=a_transpose, seed=seed)
-    qb, sb = quantize_matrix(b, prec.rhs, b_kept, transpose=b_transpose, seed=seed ^ 0x5BD1E995)
-    check_finite(sa, f"{what} lhs")
-    check_finite(sb, f"{what} rhs")
-    return dequant_epilogue(int_mm(qa, qb), sa, sb)
+    nan = float("nan")
+    dx = torch.full(ctx.x_shape, nan, dtype=ctx.x_dtype, device=weight.device) if ctx.needs_input_grad[0] else None
+    db = torch.full((weight.shape[0],), nan, dtype=weight.dtype, device=weight.device) if ctx.has_bias else None
+    return dx, torch.full_like(weight, nan), db, None, None
 
 
 class _IntLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, prec: LayerPrecision, seeds: GemmSeeds):
-        x2 = x.reshape(-1, x.shape[-1])
+    def forward(ctx, x2, weight, bias, prec: LayerPrecision, seeds: GemmSeeds):
+        # x2 is 2-D: int_linear flattens leading dims outside the Function, so the output is no view of
+        # a Function-internal tensor (in-place ops such as ReLU(inplace=True) after the layer stay legal).
         fwd, gw = prec.forward, prec.grad_weight
         if fwd.integer:
             qx, sx = quantize_matrix(x2, fwd.lhs, 0, seed=seeds[0])
@@ -60,38 +60,36 @@ class _IntLinearFn(torch.autograd.Function):
         else:
             ctx.save_for_backward(weight, x2)
         ctx.prec, ctx.seeds, ctx.has_bias = prec, seeds, bias is not None
-        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
-        return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+        ctx.x_shape, ctx.x_dtype = x2.shape, x2.dtype
+        return y.to(x2.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         weight, *saved = ctx.saved_tensors
         prec, seeds = ctx.prec, ctx.seeds
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(torch.float32)
-        if not bool(torch.isfinite(dy2).all()):
-            # Propagate non-finiteness instead of raising: the trainer's step guard (GradScaler-style)
-            # sees NaN gradients and skips the step with the parameters untouched.
-            nan = float("nan")
-            dx = torch.full(ctx.x_shape, nan, dtype=ctx.x_dtype, device=dy.device) if ctx.needs_input_grad[0] else None
-            dw = torch.full_like(weight, nan)
-            db = torch.full((weight.shape[0],), nan, dtype=weight.dtype, device=weight.device) if ctx.has_bias else None
-            return dx, dw, db, None, None
+        dy2 = dy.to(torch.float32)
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            if prec.grad_input.integer:
-                dx = _int_gemm(dy2, 0, weight, 1, prec.grad_input, seeds[1], what="linear grad_input")
-            else:
-                dx = dy2 @ weight.float()
-            dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             if prec.grad_weight.integer:
                 qx, sx = saved
                 qg, sg = quantize_matrix(dy2, prec.grad_weight.lhs, 1, transpose=True, seed=seeds[2])
-                check_finite(sg, "linear grad_weight lhs")
+                if not is_finite(sg):  # amax propagates inf/NaN, so this tiny check covers all of dy
+                    return _non_finite_grads(ctx, weight)
                 dw = dequant_epilogue(int_mm(qg, qx), sg, sx)
             else:
                 dw = dy2.t() @ saved[0].float()
             dw = dw.to(weight.dtype)
+        if ctx.needs_input_grad[0]:
+            gi = prec.grad_input
+            if gi.integer:
+                qg, sg = quantize_matrix(dy2, gi.lhs, 0, seed=seeds[1])
+                if not is_finite(sg):
+                    return _non_finite_grads(ctx, weight)
+                qw, sw = quantize_matrix(weight, gi.rhs, 1, seed=seeds[1] ^ 0x5BD1E995)
+                dx = dequant_epilogue(int_mm(qg, qw), sg, sw)
+            else:
+                dx = dy2 @ weight.float()
+            dx = dx.to(ctx.x_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0).to(weight.dtype)
         return dx, dw, db, None, None
@@ -102,4 +100,5 @@ def int_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """``F.linear`` with all three GEMMs in integer arithmetic as configured by ``prec``."""
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear input has {x.shape[-1]} features, the layer expects {weight.shape[1]}")
-    return _IntLinearFn.apply(x, weight, bias, prec, seeds)
+    y = _IntLinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, prec, seeds)
+    return y.reshape(*x.shape[:-1], weight.shape[0])

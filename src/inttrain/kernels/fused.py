@@ -111,7 +111,8 @@ def quantize_matrix(
         scale = torch.ones(scale_shape, device=x.device)
         return codes, scale.t() if transpose else scale
     seed_t = torch.tensor(seed & 0xFFFFFFFF, dtype=torch.int64, device=x.device)
-    return _run(_quantize_matrix_impl, (x, seed_t), (spec, kept_axis, transpose, zero_point))
+    # detach(): dynamo specialises on nn.Parameter shapes (a recompile per layer shape); a plain tensor is dynamic.
+    return _run(_quantize_matrix_impl, (x.detach(), seed_t), (spec, kept_axis, transpose, zero_point))
 
 
 def dequant_epilogue(

@@ -28,6 +28,7 @@ __all__ = [
     "scale_from_amax",
     "round_and_clamp",
     "check_finite",
+    "is_finite",
     "quantize",
     "dequantize",
     "fake_quantize",
@@ -82,9 +83,14 @@ def _blocked_view(x: torch.Tensor, g: PerBlock) -> torch.Tensor:
     return x.reshape(*x.shape[:ax], n // g.size, g.size, *x.shape[ax + 1 :])
 
 
+def is_finite(amax: torch.Tensor) -> bool:
+    """Whether every per-group amax (or scale) is finite: NaN/inf anywhere in a group shows up here."""
+    return bool(torch.isfinite(amax).all())
+
+
 def check_finite(amax: torch.Tensor, what: str = "tensor") -> None:
     """Raise NonFiniteError if any amax is inf/NaN (one cheap check on the reduced values)."""
-    if not bool(torch.isfinite(amax).all()):
+    if not is_finite(amax):
         raise NonFiniteError(f"cannot quantize {what}: it contains inf or NaN values")
 
 
