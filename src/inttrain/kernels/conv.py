@@ -303,6 +303,11 @@ def _interleave_phases(y: Tensor, input_shape: tuple, groups: int, ay: _SubPixel
     src = y.permute(0, 2, 3, 1).reshape(n, ay.out_len, ax.out_len, groups, sy, sx, cig)
     dx = torch.empty((n, cin, h, w), dtype=y.dtype, memory_format=torch.channels_last)
     dst = dx.permute(0, 2, 3, 1)
+    if h == ay.out_len * sy and w == ax.out_len * sx:
+        # No cropping: a single copy whose contiguous runs span a whole group row.
+        dst6 = dst.view(n, ay.out_len, sy, ax.out_len, sx, groups, cig)
+        dst6.copy_(src.permute(0, 1, 4, 2, 5, 3, 6))
+        return dx
     for ry in range(sy):
         for rx in range(sx):
             part = dst[:, ry::sy, rx::sx, :]
@@ -384,26 +389,35 @@ def _nhwc(t: Tensor) -> Tensor:
 
 
 class _PaddedBatch:
-    """Reused per-call buffers: x zero-padded as NHWC, and g transposed to [Co, N, ., .].
+    """Reused per-call buffers: x zero-padded as NHWC, and g on its grid.
 
-    The GEMM runs fastest with both operands row-major ("g^T" as [Co, rows] and x as
-    [rows, C]), so the gradient is transposed once while it is copied into its buffer
-    instead of being read through a transposed view by every GEMM.  The buffers are
-    allocated and zeroed once per call; each chunk overwrites only the interior, so
-    the padding stays zero.
+    g is stored either transposed, ``[Co, N, ., .]`` (``transpose_g``), so the GEMM
+    reads a row-major ``g^T``, or as NHWC ``[N, ., ., Co]`` and read through a
+    transposed view.  The row-major operand makes the GEMMs faster, but transposing
+    channels_last int8 costs a slow pass; measured (1 thread): it pays off for
+    Co <= 16 or when ``gq`` already is NCHW (then the copy is cheap), not otherwise.
+    The buffers are zeroed once per call; each chunk overwrites only the interior,
+    so the padding stays zero.
     """
 
-    def __init__(self, chunk: int, cin: int, co: int, x_hw: tuple[int, int], g_hw: tuple[int, int]) -> None:
+    def __init__(self, chunk: int, cin: int, co: int, x_hw: tuple[int, int], g_hw: tuple[int, int], transpose_g: bool) -> None:
+        self.transpose_g = transpose_g
         self.x = torch.zeros((chunk, *x_hw, cin), dtype=torch.int8)
-        self.g = torch.zeros((co, chunk, *g_hw), dtype=torch.int8)
+        g_shape = (co, chunk, *g_hw) if transpose_g else (chunk, *g_hw, co)
+        self.g = torch.zeros(g_shape, dtype=torch.int8)
 
     def load(self, x: Tensor, g: Tensor, pad: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        """Copy one chunk in; return (x rows [m*Hp*Wp, C], g^T [Co, m*Hg*Wg])."""
+        """Copy one chunk in; return (x rows [m*Hp*Wp, C], g^T [Co, m*Hg*Wg] (maybe a view))."""
         m, _, h, w = x.shape
         ph, pw = pad
+        gh, gw = g.shape[2], g.shape[3]
         self.x[:m, ph : ph + h, pw : pw + w].copy_(_nhwc(x))
-        self.g[:, :m, : g.shape[2], : g.shape[3]].copy_(g.permute(1, 0, 2, 3))
-        return self.x[:m].view(-1, self.x.shape[3]), self.g[:, :m].reshape(self.g.shape[0], -1)
+        xf = self.x[:m].view(-1, self.x.shape[3])
+        if self.transpose_g:
+            self.g[:, :m, :gh, :gw].copy_(g.permute(1, 0, 2, 3))
+            return xf, self.g[:, :m].reshape(self.g.shape[0], -1)
+        self.g[:m, :gh, :gw].copy_(_nhwc(g))
+        return xf, self.g[:m].view(-1, self.g.shape[3]).t()
 
 
 def _shifted_gemms(xf: Tensor, gt: Tensor, k_h: int, k_w: int, wp: int, geom: ConvGeometry, out: Tensor) -> None:
@@ -448,8 +462,8 @@ def conv2d_weight_grad(
 ) -> Tensor:
     """dW = sum_{n,h,w} gq * xq_shifted * g_scale[co] * x_scale; float32 ``weight_shape``.
 
-    Takes any memory format; an NCHW-contiguous ``gq`` makes the internal transpose
-    of the gradient cheapest.
+    Takes any memory format; an NCHW-contiguous ``gq`` (which the gradient quantizer
+    can emit) is the cheapest to bring into the GEMM layout.
     """
     co, cig, k_h, k_w = (int(v) for v in weight_shape)
     n, cin, h, w = xq.shape
@@ -460,7 +474,9 @@ def conv2d_weight_grad(
     step = _batch_chunk(n, ho * wo, hp * wp * cin)
     stride1 = tuple(geom.stride) == (1, 1)
     # Stride 1: g sits on x's padded grid; otherwise g keeps its own [Ho, Wo] grid.
-    bufs = _PaddedBatch(step, cin, co, (hp, wp), (hp, wp) if stride1 else (ho, wo)) if n else None
+    transpose_g = co <= 16 or gq.is_contiguous()
+    g_hw = (hp, wp) if stride1 else (ho, wo)
+    bufs = _PaddedBatch(step, cin, co, (hp, wp), g_hw, transpose_g) if n else None
     for n0 in range(0, n, step):
         xf, gt = bufs.load(xq[n0 : n0 + step], gq[n0 : n0 + step], (ph, pw))
         if stride1:
