@@ -17,8 +17,8 @@ __all__ = ["MLP", "DEFAULT_WIDTHS"]
 DEFAULT_WIDTHS: tuple[int, ...] = (1024, 1024, 1024)
 
 
-# ReLUs are not in-place: an integer layer's output may be an autograd view
-# that must not be modified in place.
+# ReLUs are not in-place: the integer layers' outputs come from custom autograd
+# Functions, which must not be modified in place; the memory saved here is tiny.
 class MLP(nn.Module):
     """Flatten -> [Linear -> ReLU] * len(widths) -> Linear."""
 

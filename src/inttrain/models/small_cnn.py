@@ -11,8 +11,8 @@ from torch import Tensor, nn
 __all__ = ["SmallCNN"]
 
 
-# ReLUs are not in-place: an integer layer's output may be an autograd view
-# that must not be modified in place.
+# ReLUs are not in-place: the integer layers' outputs come from custom autograd
+# Functions, which must not be modified in place; the memory saved here is tiny.
 class SmallCNN(nn.Module):
     def __init__(self, num_classes: int, in_channels: int = 1, image_size: int = 8) -> None:
         super().__init__()

@@ -14,8 +14,8 @@ __all__ = ["VGGSmall"]
 _STAGES: tuple[tuple[int, int], ...] = ((128, 2), (256, 2), (512, 2))
 
 
-# ReLUs are not in-place: an integer layer's output may be an autograd view
-# that must not be modified in place.
+# ReLUs are not in-place: the integer layers' outputs come from custom autograd
+# Functions, which must not be modified in place; the memory saved here is tiny.
 class VGGSmall(nn.Module):
     def __init__(
         self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32, hidden: int | None = 1024
