@@ -94,6 +94,13 @@ def _scalar(scale: Tensor) -> float:
     return float(scale.reshape(()).item())
 
 
+def _check_cpu(*tensors: Tensor) -> None:
+    # oneDNN's int8 conv and these buffers are CPU-only; a CUDA path (im2col +
+    # torch._int_mm with K, N padded to multiples of 8) is not implemented yet.
+    if any(t.device.type != "cpu" for t in tensors):
+        raise NotImplementedError("inttrain.kernels.conv supports CPU tensors only")
+
+
 def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
@@ -207,6 +214,7 @@ def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor,
     The activation quantizer can emit these directly (round, clamp, add 128, cast
     to uint8), which saves the shifting pass of :func:`conv2d_forward`.
     """
+    _check_cpu(xu8, wq)
     co = wq.shape[0]
     return _qconv_exact(
         _channels_last_u8(xu8), _scalar(x_scale), wq.contiguous(), _scale_vector(w_scale, co),
@@ -331,6 +339,7 @@ def conv2d_input_grad_u8(
     The gradient quantizer can emit these directly and save the shifting pass.
     ``w_scale`` is per input channel (length Cin) or a single element.
     """
+    _check_cpu(gu8, wq)
     n, cin, h, w = (int(v) for v in input_shape)
     if n == 0:
         return torch.empty((0, cin, h, w), dtype=torch.float32, memory_format=torch.channels_last)
@@ -465,6 +474,7 @@ def conv2d_weight_grad(
     Takes any memory format; an NCHW-contiguous ``gq`` (which the gradient quantizer
     can emit) is the cheapest to bring into the GEMM layout.
     """
+    _check_cpu(gq, xq)
     co, cig, k_h, k_w = (int(v) for v in weight_shape)
     n, cin, h, w = xq.shape
     ho, wo = gq.shape[2], gq.shape[3]
