@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .counters import count
+
 __all__ = [
     "ConvGeometry",
     "conv2d_forward",
@@ -215,6 +217,7 @@ def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor,
     to uint8), which saves the shifting pass of :func:`conv2d_forward`.
     """
     _check_cpu(xu8, wq)
+    count("conv_fwd")
     co = wq.shape[0]
     return _qconv_exact(
         _channels_last_u8(xu8), _scalar(x_scale), wq.contiguous(), _scale_vector(w_scale, co),
@@ -340,6 +343,7 @@ def conv2d_input_grad_u8(
     ``w_scale`` is per input channel (length Cin) or a single element.
     """
     _check_cpu(gu8, wq)
+    count("conv_dgrad")
     n, cin, h, w = (int(v) for v in input_shape)
     if n == 0:
         return torch.empty((0, cin, h, w), dtype=torch.float32, memory_format=torch.channels_last)
@@ -475,6 +479,7 @@ def conv2d_weight_grad(
     can emit) is the cheapest to bring into the GEMM layout.
     """
     _check_cpu(gq, xq)
+    count("conv_wgrad")
     co, cig, k_h, k_w = (int(v) for v in weight_shape)
     n, cin, h, w = xq.shape
     ho, wo = gq.shape[2], gq.shape[3]
