@@ -99,3 +99,13 @@ def test_channels_last_and_contiguous_inputs_agree():
     a = int_conv2d(x, w, None, geom, _prec())
     b = int_conv2d(x.contiguous(memory_format=torch.channels_last), w, None, geom, _prec())
     assert torch.equal(a, b)
+
+
+def test_nan_output_gradient_propagates():
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    y = int_conv2d(x, w, None, ConvGeometry((1, 1), (1, 1), (1, 1), 1), _prec())
+    dy = torch.randn_like(y)
+    dy[0, 0, 0, 0] = float("nan")
+    y.backward(dy)
+    assert torch.isnan(x.grad).all() and torch.isnan(w.grad).all()

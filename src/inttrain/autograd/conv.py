@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ..kernels import conv as conv_kernels
 from ..kernels.conv import ConvGeometry
 from ..kernels.fused import quantize_matrix
-from ..numerics.quantize import check_finite
+from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
 
 __all__ = ["int_conv2d", "ConvGeometry", "check_conv_precision"]
@@ -75,6 +75,14 @@ def _quantize_weight(w: torch.Tensor, spec: QuantSpec, seed: int, per_input_chan
     return codes.reshape(w.shape), scale.reshape(-1)
 
 
+def _non_finite_grads(ctx, weight: torch.Tensor):
+    """NaN gradients for every input that wants one (propagated, not raised: see ``linear.py``)."""
+    nan = float("nan")
+    dx = torch.full(ctx.x_shape, nan, dtype=ctx.x_dtype) if ctx.needs_input_grad[0] else None
+    db = torch.full((weight.shape[0],), nan, dtype=weight.dtype) if ctx.has_bias else None
+    return dx, torch.full_like(weight, nan), db, None, None, None
+
+
 class _IntConv2dFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, geom: ConvGeometry, prec: LayerPrecision, seeds: tuple[int, int, int]):
@@ -109,17 +117,13 @@ class _IntConv2dFn(torch.autograd.Function):
         weight, *saved = ctx.saved_tensors
         geom, prec, seeds = ctx.geom, ctx.prec, ctx.seeds
         dyf = dy.to(torch.float32)
-        if not bool(torch.isfinite(dyf).all()):
-            # Propagate non-finiteness (see linear.py): the trainer's step guard skips the step.
-            nan = float("nan")
-            dx = torch.full(ctx.x_shape, nan, dtype=ctx.x_dtype) if ctx.needs_input_grad[0] else None
-            db = torch.full((weight.shape[0],), nan, dtype=weight.dtype) if ctx.has_bias else None
-            return dx, torch.full_like(weight, nan), db, None, None, None
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             gi = prec.grad_input
             if gi.integer:
                 qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1])
+                if not is_finite(sg):  # amax propagates inf/NaN: this tiny check covers all of dy
+                    return _non_finite_grads(ctx, weight)
                 qw, sw = _quantize_weight(weight, gi.rhs, seeds[1] ^ 0x5BD1E995, True, geom.groups)
                 dx = conv_kernels.conv2d_input_grad(qg, sg, qw, sw, tuple(ctx.x_shape), geom)
             else:
@@ -132,6 +136,8 @@ class _IntConv2dFn(torch.autograd.Function):
                 qx, sx = saved
                 per_channel = isinstance(gw.lhs.granularity, PerChannel)
                 qg, sg = _quantize_activation(dyf, gw.lhs, seeds[2], per_channel=per_channel)
+                if not is_finite(sg):
+                    return _non_finite_grads(ctx, weight)
                 dw = conv_kernels.conv2d_weight_grad(qg, sg, qx, sx, tuple(weight.shape), geom)
             else:
                 dw = torch.nn.grad.conv2d_weight(saved[0], weight.shape, dyf, geom.stride, geom.padding,
