@@ -7,11 +7,13 @@ from .loop import (
     EpochStats,
     NonFiniteLossError,
     RunResult,
+    TrainHooks,
     TrainState,
     build_optimizer,
     evaluate,
     train,
 )
+from .checkpoint import CheckpointError, checkpoint_paths, load_checkpoint, save_checkpoint
 from .recipes import FLOAT_RECIPES, apply_recipe, get_prepare
 
 __all__ = [
@@ -20,7 +22,12 @@ __all__ = [
     "EpochStats",
     "NonFiniteLossError",
     "RunResult",
+    "TrainHooks",
     "TrainState",
+    "CheckpointError",
+    "checkpoint_paths",
+    "load_checkpoint",
+    "save_checkpoint",
     "apply_recipe",
     "build_optimizer",
     "evaluate",

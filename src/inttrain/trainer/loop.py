@@ -12,23 +12,25 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from inttrain.data import DatasetSplits
 
 from .progress import Progress
 from .recipes import apply_recipe, autocast_for
+from .rng import capture_rng, layer_calls, restore_rng, set_layer_calls
 
 __all__ = [
     "OPTIMIZER_NAMES",
     "EpochStats",
     "TrainState",
+    "TrainHooks",
     "RunResult",
     "NonFiniteLossError",
     "build_optimizer",
@@ -52,14 +54,34 @@ class EpochStats:
 
 @dataclass
 class TrainState:
-    """Everything about a run's progress that a resume would need."""
+    """Everything about a run's progress that a resume would need (see :meth:`to_dict`)."""
 
     epoch: int = 0  # completed epochs
     step: int = 0  # attempted steps, skipped ones included (1-based ids)
     skipped: int = 0
     consecutive_skips: int = 0
+    position: int = 0  # batches of the current epoch already consumed
+    # Data-order generator state at the start of the current epoch: the epoch's
+    # permutation is redrawn from it on a mid-epoch resume.
+    epoch_gen_state: Tensor | None = None
+    epoch_losses: list[float] = field(default_factory=list)  # current epoch so far
+    epoch_times: list[float] = field(default_factory=list)
+    epoch_skipped: int = 0
+    best_val_accuracy: float = -math.inf
     step_times: list[float] = field(default_factory=list)
     history: list[EpochStats] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain containers only (``torch.load(weights_only=True)`` compatible)."""
+        d = {k: v for k, v in vars(self).items() if k != "history"}
+        d["history"] = [asdict(h) for h in self.history]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainState:
+        d = dict(d)
+        history = [EpochStats(**h) for h in d.pop("history", [])]
+        return cls(**d, history=history)
 
 
 @dataclass
@@ -69,6 +91,7 @@ class RunResult:
     steps: int  # optimizer steps taken
     skipped_steps: int
     time_per_step: float  # median seconds per taken step (robust to warm-up)
+    stopped: str = ""  # why training ended before its last epoch ("" if it did not)
 
     @property
     def train_losses(self) -> list[float]:
@@ -124,6 +147,44 @@ def evaluate(model: nn.Module, loader: DataLoader, recipe: str, device: torch.de
     return correct / max(total, 1)
 
 
+class TrainHooks:
+    """What a caller (the CLI's run folder) can plug into :func:`train`; every method is a no-op here."""
+
+    def on_step(self, state: TrainState, loss: float | None, lr: float, seconds: float) -> None:
+        """After every attempted step; ``loss`` is None for a skipped step."""
+
+    def on_epoch(self, state: TrainState, stats: EpochStats, lr: float) -> None:
+        """After each epoch's evaluation."""
+
+    def save(self, name: str, snapshot: Callable[[], tuple[dict[str, Tensor], dict[str, Any]]]) -> None:
+        """Checkpoint ``name`` ("last" or "best") is due; ``snapshot()`` gives (weights, state)."""
+
+    def should_stop(self) -> bool:
+        """Polled after every step (e.g. a signal arrived): stop after saving ``last``."""
+        return False
+
+
+def _first_nonfinite_grad(model: nn.Module) -> str | None:
+    """Name of the first parameter (in ``named_parameters`` order) whose gradient is not finite."""
+    named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        return None
+    # One fused reduction in the common all-finite case; the per-tensor scan runs only on failure.
+    norms = torch._foreach_norm([g for _, g in named])
+    if bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
+        return None
+    return next((n for n, g in named if not bool(torch.isfinite(g).all())), None)
+
+
+def _batch(dataset: Dataset, idx: Tensor) -> tuple[Tensor, Tensor]:
+    if isinstance(dataset, TensorDataset):  # one gather per tensor instead of per-sample collation
+        x, y = dataset[idx]
+        return x, y
+    from torch.utils.data import default_collate
+
+    return default_collate([dataset[int(i)] for i in idx])
+
+
 def train(
     model: nn.Module,
     splits: DatasetSplits,
@@ -138,95 +199,164 @@ def train(
     *,
     max_consecutive_skips: int = 10,
     progress: bool | None = None,
+    recipe_config: Any = None,
+    prepared: bool = False,
+    max_steps: int | None = None,
+    hooks: TrainHooks | None = None,
+    resume_from: tuple[dict[str, Tensor], dict[str, Any]] | None = None,
 ) -> RunResult:
     """Train ``model`` on ``splits`` in place and return per-epoch statistics.
 
     ``recipe``: "fp32", "bf16" (autocast) or any recipe of ``inttrain.prepare_``
-    (applied in place before the optimizer is built). Seeded: same seed, model
-    init and data give identical losses. Steps with a non-finite loss are
-    skipped (no optimizer step); ``max_consecutive_skips`` in a row raise
-    :class:`NonFiniteLossError`. ``progress``: tqdm bar (True), periodic lines
-    (False), or decide by whether stderr is a TTY (None).
+    (applied in place before the optimizer is built; ``recipe_config``, e.g. a
+    config with other ``bits``, is passed to ``prepare_`` instead of the name;
+    ``prepared=True``: the caller already applied it). Seeded: same seed, model
+    init and data give identical losses. Steps with a non-finite loss or
+    gradient are skipped (weights, buffers and optimizer state untouched);
+    ``max_consecutive_skips`` in a row raise :class:`NonFiniteLossError`.
+    ``progress``: tqdm bar (True), periodic lines (False), or decide by whether
+    stderr is a TTY (None). ``max_steps`` stops after that many attempted steps
+    (counted over the whole run, resumes included). ``resume_from``: (weights,
+    state) of a checkpoint written through ``hooks.save``; training continues
+    bit-identically from it.
     """
     if epochs < 1 or batch_size < 1 or not lr > 0 or max_consecutive_skips < 1:
         raise ValueError(
             f"epochs, batch_size and max_consecutive_skips must be >= 1 and lr > 0; got epochs={epochs}, "
             f"batch_size={batch_size}, lr={lr}, max_consecutive_skips={max_consecutive_skips}"
         )
+    hooks = hooks or TrainHooks()
     dev = torch.device(device)
     torch.manual_seed(seed)  # dropout, stochastic rounding, ... inside the step
     model.to(dev)
-    apply_recipe(model, recipe)
+    if not prepared:
+        apply_recipe(model, recipe_config if recipe_config is not None else recipe)
     # After prepare_: the optimizer must see the parameters the model now uses.
     opt = build_optimizer(optimizer, model.parameters(), lr)
-
+    # Data order comes from this generator alone (one permutation per epoch), so
+    # (generator state at epoch start, position) pins where a resume continues.
     gen = torch.Generator().manual_seed(seed)
-    # drop_last keeps every step the same shape (comparable step times, no
+    state = TrainState()
+    if resume_from is not None:
+        weights, saved = resume_from
+        model.load_state_dict(weights)
+        opt.load_state_dict(saved["optimizer"])
+        gen.set_state(saved["data_generator"])
+        set_layer_calls(model, saved["layer_calls"])
+        restore_rng(saved["rng"])
+        state = TrainState.from_dict(saved["train_state"])
+
+    n = len(splits.train)
+    # Full batches only (every step the same shape: comparable step times, no
     # 1-sample BatchNorm batches); reshuffling means no sample is lost for good.
-    train_loader = DataLoader(
-        splits.train, batch_size=batch_size, shuffle=True, generator=gen, drop_last=len(splits.train) >= batch_size
-    )
+    batches = n // batch_size if n >= batch_size else 1
     val_loader = DataLoader(splits.val, batch_size=max(batch_size, 256))
 
-    state = TrainState()
-
-    def result() -> RunResult:
+    def result(stopped: str = "") -> RunResult:
         taken = state.step_times
         return RunResult(
-            recipe, list(state.history), len(taken), state.skipped, statistics.median(taken) if taken else float("nan")
+            recipe, list(state.history), len(taken), state.skipped,
+            statistics.median(taken) if taken else float("nan"), stopped,
         )
 
-    for epoch in range(1, epochs + 1):
+    def snapshot() -> tuple[dict[str, Tensor], dict[str, Any]]:
+        return model.state_dict(), {
+            "train_state": state.to_dict(),
+            "optimizer": opt.state_dict(),
+            "data_generator": gen.get_state(),
+            "rng": capture_rng(),
+            "layer_calls": layer_calls(model),
+        }
+
+    for epoch in range(state.epoch + 1, epochs + 1):
         model.train()
-        losses: list[float] = []
-        epoch_times: list[float] = []
-        skipped_before = state.skipped
-        bar = Progress(len(train_loader), f"epoch {epoch}/{epochs}", log, tty=progress)
+        if state.position == 0:  # a fresh epoch
+            state.epoch_gen_state = gen.get_state()
+            perm = torch.randperm(n, generator=gen)
+            state.epoch_losses, state.epoch_times, state.epoch_skipped = [], [], 0
+        else:  # resumed mid-epoch: redraw the same permutation, skip what was consumed
+            perm = torch.randperm(n, generator=torch.Generator().set_state(state.epoch_gen_state))
+        bar = Progress(batches, f"epoch {epoch}/{epochs}", log, tty=progress)
         try:
-            for i, (x, y) in enumerate(train_loader, 1):
+            for b in range(state.position, batches):
+                x, y = _batch(splits.train, perm[b * batch_size : (b + 1) * batch_size])
                 state.step += 1
+                state.position = b + 1
                 x, y = x.to(dev), y.to(dev)
                 t0 = time.perf_counter()
+                # BatchNorm statistics change in the forward; a skipped step must not keep them.
+                buffers = [t.clone() for t in model.buffers()]
                 with autocast_for(recipe, dev):
                     logits = model(x)
                 loss = _loss(logits, y)
+                problem = None
                 if not torch.isfinite(loss):
+                    problem = f"non-finite loss ({float(loss.detach())})"
+                else:
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    bad = _first_nonfinite_grad(model)
+                    if bad is not None:
+                        problem = f"non-finite gradient in {bad!r}"
+                if problem is not None:
+                    opt.zero_grad(set_to_none=True)
+                    with torch.no_grad():
+                        for t, saved_t in zip(model.buffers(), buffers):
+                            t.copy_(saved_t)
                     state.skipped += 1
+                    state.epoch_skipped += 1
                     state.consecutive_skips += 1
+                    log(f"  step {state.step} (epoch {epoch}): skipped, {problem}")
+                    hooks.on_step(state, None, opt.param_groups[0]["lr"], time.perf_counter() - t0)
                     if state.consecutive_skips >= max_consecutive_skips:
                         first = state.step - state.consecutive_skips + 1
                         raise NonFiniteLossError(
                             f"loss was non-finite for {state.consecutive_skips} consecutive steps "
-                            f"(steps {first}..{state.step}); stopped at step {state.step} (epoch {epoch}). "
-                            f"Try a lower lr or a higher-precision recipe.",
+                            f"(steps {first}..{state.step}); stopped at step {state.step} (epoch {epoch}): "
+                            f"{problem}. Try a lower lr or a higher-precision recipe.",
                             state.step,
                             result(),
                         )
-                    continue
-                state.consecutive_skips = 0
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                epoch_times.append(time.perf_counter() - t0)
-                losses.append(float(loss.detach()))
-                bar.update(i, losses[-1])
+                else:
+                    state.consecutive_skips = 0
+                    opt.step()
+                    seconds = time.perf_counter() - t0
+                    state.epoch_times.append(seconds)
+                    state.step_times.append(seconds)
+                    state.epoch_losses.append(float(loss.detach()))
+                    bar.update(b + 1, state.epoch_losses[-1])
+                    hooks.on_step(state, state.epoch_losses[-1], opt.param_groups[0]["lr"], seconds)
+                reason = "max_steps" if max_steps is not None and state.step >= max_steps else ""
+                reason = reason or ("stop requested" if hooks.should_stop() else "")
+                if reason:
+                    hooks.save("last", snapshot)
+                    log(f"stopped at step {state.step} (epoch {epoch}, batch {state.position}/{batches}): {reason}")
+                    return result(reason)
         finally:
             bar.close()
-            state.step_times += epoch_times
+        losses, times = state.epoch_losses, state.epoch_times
         stats = EpochStats(
             epoch=epoch,
             train_loss=sum(losses) / len(losses) if losses else math.nan,
             val_accuracy=evaluate(model, val_loader, recipe, dev),
-            steps=len(epoch_times),
-            skipped=state.skipped - skipped_before,
-            seconds=sum(epoch_times),
-            time_per_step=sum(epoch_times) / len(epoch_times) if epoch_times else math.nan,
+            steps=len(times),
+            skipped=state.epoch_skipped,
+            seconds=sum(times),
+            time_per_step=sum(times) / len(times) if times else math.nan,
         )
         state.history.append(stats)
-        state.epoch = epoch
+        state.epoch, state.position = epoch, 0
+        hooks.on_epoch(state, stats, opt.param_groups[0]["lr"])
         log(
             f"epoch {epoch}/{epochs}  train_loss {stats.train_loss:.4f}  val_acc {stats.val_accuracy:.4f}  "
             f"{stats.time_per_step * 1e3:.2f} ms/step  steps {stats.steps}"
             + (f"  skipped {stats.skipped}" if stats.skipped else "")
         )
+        if stats.val_accuracy > state.best_val_accuracy:
+            state.best_val_accuracy = stats.val_accuracy
+            hooks.save("best", snapshot)
+        hooks.save("last", snapshot)
+        if hooks.should_stop():
+            log(f"stopped after epoch {epoch}: stop requested")
+            return result("stop requested")
     return result()
