@@ -83,8 +83,8 @@ def test_bad_npz_names_file_index_and_rule(tmp_path: Path, capsys: pytest.Captur
     assert "bad.npz: y_train[9]: label 99 out of range [0, 10)" in capsys.readouterr().err
 
 
-def test_train_prints_epoch_lines(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "--epochs", "1", "--dataset", "synthetic", "--threads", "1"]) == 0
+def test_train_prints_epoch_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--epochs", "1", "--dataset", "synthetic", "--threads", "1", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "epoch 1/1" in out and "val_acc" in out and out.rstrip().splitlines()[-1].startswith("done:")
 

@@ -1,4 +1,4 @@
-"""The ``inttrain`` command: ``demo``, ``env`` and ``train``.
+"""The ``inttrain`` command: ``demo``, ``env``, ``train``, ``resume``, ``eval``, ``recipes``, ``plot``, ``compare``.
 
 Errors users can fix (bad names, bad data, missing files) print one
 ``error: ...`` line and exit with code 2; ``--debug`` shows the traceback.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -72,58 +72,50 @@ def env() -> None:
 
 @app.command("train")
 def train_cmd(
-    model: Annotated[str, typer.Option(help="mlp, lenet5, small-cnn, resnet20, resnet32, resnet56, vgg-small.")] = "small-cnn",
-    dataset: Annotated[str, typer.Option(help="digits, synthetic, npz, mnist, cifar10.")] = "digits",
-    data_dir: Annotated[Path | None, typer.Option(help=".npz file, or folder with <dataset>.npz.")] = None,
-    recipe: Annotated[str, typer.Option(help="fp32, bf16, or an inttrain recipe such as int8.")] = "fp32",
-    epochs: Annotated[int, typer.Option(help="Number of epochs.")] = 5,
-    batch_size: Annotated[int, typer.Option(help="Batch size.")] = 32,
-    lr: Annotated[float, typer.Option(help="Learning rate.")] = 0.05,
-    optimizer: Annotated[str, typer.Option(help="sgd, adam or adamw.")] = "sgd",
-    seed: Annotated[int, typer.Option(help="Seed for init, data split and order.")] = 0,
-    threads: Annotated[int | None, typer.Option(help="CPU threads (default: torch's choice).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="mlp, lenet5, small-cnn, resnet20, resnet32, resnet56, vgg-small. [default: small-cnn]")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="digits, synthetic, npz, mnist, cifar10, folder. [default: digits]")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Data file or folder (mnist: idx files; cifar10: cifar-10-batches-bin; folder: one sub-folder per class; npz).")] = None,
+    recipe: Annotated[Optional[str], typer.Option(help="fp32, bf16, or an inttrain recipe such as int8. [default: fp32]")] = None,
+    bits: Annotated[Optional[int], typer.Option(help="Override the integer recipe's bit width.")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Number of epochs. [default: 5]")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Batch size. [default: 32]")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate. [default: 0.05]")] = None,
+    optimizer: Annotated[Optional[str], typer.Option(help="sgd, adam or adamw. [default: sgd]")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for init, data split and order. [default: 0]")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads (default: torch's choice).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many steps (resumable).")] = None,
+    log_every: Annotated[Optional[int], typer.Option(help="Steps between metrics rows. [default: 10]")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run folder [default: runs/<model>-<recipe>-<timestamp>].")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of run settings (flags override it).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="key=value override of a config key (repeatable).")] = None,
 ) -> None:
-    """Train one model with one recipe, printing a line per epoch."""
-    import torch
+    """Train one model with one recipe into a run folder (config, metrics, log, checkpoints)."""
+    from .config import resolve_config
+    from .run import start_run
 
-    from inttrain.data import DATASET_NAMES, DataError, load_dataset
-    from inttrain.models import MODEL_NAMES, build_model
-    from inttrain.trainer import OPTIMIZER_NAMES, train
+    flags = dict(model=model, dataset=dataset, data_dir=data_dir, recipe=recipe, bits=bits, epochs=epochs,
+                 batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads,
+                 max_steps=max_steps, log_every=log_every)
+    cfg = resolve_config(config, list(set_ or []), flags)
+    code = start_run(cfg, out)
+    if code:
+        raise typer.Exit(code)
 
-    _check_choice("--model", model, MODEL_NAMES)
-    _check_choice("--dataset", dataset, DATASET_NAMES)
-    _check_choice("--optimizer", optimizer, OPTIMIZER_NAMES)
-    _check_recipe(recipe, field="--recipe")
-    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr)
-    if threads is not None:
-        _check_positive(threads=threads)
-        _set_threads(threads)
-    if model == "gpt-small":
-        raise _usage("--model", "'gpt-small' needs a text dataset, which `train` does not load yet; use an image model")
-    if data_dir is not None and not data_dir.exists():
-        where = "an .npz file" if dataset == "npz" else f"an .npz file or a folder with {dataset}.npz"
-        raise _usage("--data-dir", f"{str(data_dir)!r} does not exist; expected {where}")
 
-    try:
-        splits = load_dataset(dataset, data_dir, seed=seed)
-    except DataError as e:
-        raise _usage(f"--dataset {dataset}", str(e)) from e
-    typer.echo(
-        f"{model} on {dataset}: {len(splits.train)} train / {len(splits.val)} val ({splits.val_source}), "
-        f"{splits.num_classes} classes, {splits.in_channels}x{splits.image_size}x{splits.image_size}; recipe {recipe}"
-    )
-    torch.manual_seed(seed)
-    try:
-        net = build_model(model, splits.num_classes, splits.in_channels, splits.image_size)
-    except ValueError as e:
-        raise _usage("--model", f"{model!r} does not fit dataset {dataset!r}: {e}") from e
-    result = train(
-        net, splits, recipe, epochs=epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, log=typer.echo
-    )
-    typer.echo(
-        f"done: val_acc {result.val_accuracy:.4f}, {result.time_per_step * 1e3:.2f} ms/step (median), "
-        f"{result.steps} steps, {result.skipped_steps} skipped"
-    )
+@app.command("resume")
+def resume_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder written by `inttrain train`.")],
+    epochs: Annotated[Optional[int], typer.Option(help="New total number of epochs.")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Stop again after this many steps in total.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads.")] = None,
+) -> None:
+    """Continue a run from its last checkpoint, bit-identically."""
+    from .run import resume_run
+
+    _check_positive(**{k: v for k, v in dict(epochs=epochs, max_steps=max_steps, threads=threads).items() if v is not None})
+    code = resume_run(run_dir, epochs, max_steps, threads)
+    if code:
+        raise typer.Exit(code)
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -1,0 +1,209 @@
+"""``inttrain train`` / ``inttrain resume``: validate everything, then create the run folder and train.
+
+All checks that can fail (names, numbers, bit width, data files, model/data
+fit, recipe application, output folder) run before the folder is created, so
+a rejected command leaves nothing half-written behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .config import RunConfig, config_from_dict
+from .errors import UsageProblem, check_choice
+
+__all__ = ["Prepared", "prepare_run", "run_training", "default_out", "resume_run"]
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A validated run: data loaded, model built with its recipe applied."""
+
+    cfg: RunConfig
+    splits: Any
+    model: Any
+    recipe_config: Any
+
+
+def _check_positive(**values: float | None) -> None:
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise UsageProblem("--" + name.replace("_", "-"), f"{value} must be > 0")
+
+
+def recipe_config_for(recipe: str, bits: int | None) -> Any:
+    """The config ``prepare_`` gets: the recipe name, or its dataclass with ``bits`` replaced."""
+    from inttrain.trainer import FLOAT_RECIPES
+
+    if bits is None:
+        return None
+    if recipe in FLOAT_RECIPES:
+        raise UsageProblem("--bits", f"{bits}: recipe {recipe!r} has no bit width; use an integer recipe such as int8")
+    import inttrain
+
+    cfg = inttrain.get_config(recipe)
+    if not any(f.name == "bits" for f in dataclasses.fields(cfg)):
+        raise UsageProblem("--bits", f"{bits}: recipe {recipe!r} has no bits field")
+    try:
+        return dataclasses.replace(cfg, bits=bits)
+    except ValueError as e:  # the library's range check (UnsupportedFormatError)
+        raise UsageProblem("--bits", str(e)) from None
+
+
+def validate_config(cfg: RunConfig) -> Any:
+    """Names and numbers; returns the recipe config for ``prepare_`` (None: use the name)."""
+    from inttrain.data import DATASET_NAMES
+    from inttrain.models import MODEL_NAMES
+    from inttrain.trainer import OPTIMIZER_NAMES
+
+    from .app import _check_recipe
+
+    check_choice("--model", cfg.model, MODEL_NAMES)
+    check_choice("--dataset", cfg.dataset, DATASET_NAMES)
+    check_choice("--optimizer", cfg.optimizer, OPTIMIZER_NAMES)
+    _check_recipe(cfg.recipe, field="--recipe")
+    _check_positive(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, threads=cfg.threads,
+                    max_steps=cfg.max_steps, log_every=cfg.log_every, max_consecutive_skips=cfg.max_consecutive_skips)
+    if cfg.model == "gpt-small":
+        raise UsageProblem("--model", "'gpt-small' needs a text dataset, which `train` does not load yet; use an image model")
+    if cfg.data_dir is not None and not Path(cfg.data_dir).exists():
+        where = "an .npz file" if cfg.dataset == "npz" else f"a file or folder with the {cfg.dataset} data"
+        raise UsageProblem("--data-dir", f"{cfg.data_dir!r} does not exist; expected {where}")
+    return recipe_config_for(cfg.recipe, cfg.bits)
+
+
+def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
+    """Validate ``cfg``, load the data and build the prepared model (UsageProblem on any problem)."""
+    import torch
+
+    from inttrain.data import DataError, load_dataset
+    from inttrain.models import build_model
+    from inttrain.trainer import apply_recipe
+
+    recipe_config = validate_config(cfg)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    try:
+        splits = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    except DataError as e:
+        raise UsageProblem(f"--dataset {cfg.dataset}", str(e)) from e
+    echo(
+        f"{cfg.model} on {cfg.dataset}: {len(splits.train)} train / {len(splits.val)} val ({splits.val_source}), "
+        f"{splits.num_classes} classes, {splits.in_channels}x{splits.image_size}x{splits.image_size}; recipe {cfg.recipe}"
+        + (f" ({cfg.bits} bits)" if cfg.bits is not None else "")
+    )
+    torch.manual_seed(cfg.seed)
+    try:
+        model = build_model(cfg.model, splits.num_classes, splits.in_channels, splits.image_size)
+    except ValueError as e:
+        raise UsageProblem("--model", f"{cfg.model!r} does not fit dataset {cfg.dataset!r}: {e}") from e
+    try:
+        apply_recipe(model, recipe_config if recipe_config is not None else cfg.recipe)
+    except ValueError as e:
+        raise UsageProblem("--recipe" if cfg.bits is None else "--bits", f"{cfg.recipe!r}: {e}") from e
+    return Prepared(cfg, splits, model, recipe_config)
+
+
+def default_out(cfg: RunConfig) -> Path:
+    return Path("runs") / f"{cfg.model}-{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def check_out(out: Path) -> None:
+    """``out`` must be new (or an empty folder) and creatable."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageProblem("--out", f"{str(out)!r} already exists and is not empty; pick a new folder "
+                                    f"(or continue a run with `inttrain resume {out}`)")
+    parent = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    import os
+
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageProblem("--out", f"{str(out)!r}: cannot create a folder under {str(parent)!r} (not writable)")
+
+
+def run_training(p: Prepared, folder: Any, resume_from: Any = None) -> int:
+    """Train with ``folder`` as hooks; returns the exit code (128+signal if stopped by one)."""
+    from inttrain.trainer import train
+
+    from .signals import exit_code_for, stop_on_signals
+
+    cfg = p.cfg
+    got: list[int] = []
+
+    def on_stop(signum: int) -> None:
+        got.append(signum)
+        folder.stop = True
+
+    with stop_on_signals(on_stop):
+        result = train(
+            p.model, p.splits, cfg.recipe, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+            optimizer=cfg.optimizer, seed=cfg.seed, log=folder.log, max_consecutive_skips=cfg.max_consecutive_skips,
+            recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
+            resume_from=resume_from,
+        )
+    if got:
+        folder.log(f"interrupted by signal {got[0]}: saved {folder.checkpoint('last')[0]}; "
+                   f"continue with `inttrain resume {folder.root}`")
+        return exit_code_for(got[0])
+    folder.log(
+        f"done: val_acc {result.val_accuracy:.4f}, {result.time_per_step * 1e3:.2f} ms/step (median), "
+        f"{result.steps} steps, {result.skipped_steps} skipped"
+        + (f"; stopped early ({result.stopped}), continue with `inttrain resume {folder.root}`" if result.stopped else "")
+    )
+    return 0
+
+
+def start_run(cfg: RunConfig, out: Path | None) -> int:
+    from inttrain.trainer.run_folder import RunFolder
+
+    out = out if out is not None else default_out(cfg)
+    validate_config(cfg)  # cheap name/number checks first, so their errors win
+    check_out(out)
+    p = prepare_run(cfg)
+    folder = RunFolder(out, asdict(cfg), cfg.log_every, echo=typer.echo)
+    try:
+        folder.create()
+    except OSError as e:
+        raise UsageProblem("--out", f"{str(out)!r}: cannot write ({e.strerror or e})") from None
+    typer.echo(f"run folder: {out}")
+    return run_training(p, folder)
+
+
+def resume_run(run_dir: Path, epochs: int | None, max_steps: int | None, threads: int | None) -> int:
+    """Continue ``run_dir`` from ``checkpoints/last`` bit-identically."""
+    from inttrain.trainer import CheckpointError, load_checkpoint
+    from inttrain.trainer.run_folder import RunFolder, write_yaml_atomic
+
+    if not run_dir.is_dir():
+        raise UsageProblem("RUN_DIR", f"{str(run_dir)!r} is not a folder; expected a run folder made by `inttrain train`")
+    folder = RunFolder(run_dir, {}, echo=typer.echo)
+    w_path, s_path = folder.checkpoint("last")
+    try:
+        weights, state = load_checkpoint(w_path, s_path)
+    except CheckpointError as e:
+        raise UsageProblem("RUN_DIR", str(e)) from None
+    saved = config_from_dict(dict(state.get("config", {})), f"{s_path} config")
+    # max_steps of the first leg is what stopped it; a resume runs to the end unless told otherwise.
+    saved["max_steps"] = max_steps
+    if epochs is not None:
+        saved["epochs"] = epochs
+    if threads is not None:
+        saved["threads"] = threads
+    cfg = dataclasses.replace(RunConfig(), **saved)
+    p = prepare_run(cfg)
+    folder.config, folder.log_every = asdict(cfg), cfg.log_every
+    ts = state["train_state"]
+    folder.truncate_after(int(ts["step"]), int(ts["epoch"]))
+    write_yaml_atomic(run_dir / "config.yaml", folder.config)
+    folder.log(f"resuming {run_dir} at step {ts['step']} (epoch {ts['epoch'] + 1}, batch {ts['position']})")
+    try:
+        return run_training(p, folder, resume_from=(weights, state))
+    except RuntimeError as e:  # load_state_dict: keys/shapes do not match the configured model
+        if "state_dict" in str(e):
+            raise UsageProblem("RUN_DIR", f"{w_path}: does not fit model {cfg.model!r}: {str(e).splitlines()[0]}") from None
+        raise
