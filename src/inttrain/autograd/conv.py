@@ -48,17 +48,19 @@ def check_conv_precision(prec: LayerPrecision) -> None:
             )
 
 
-def _quantize_activation(x: torch.Tensor, spec: QuantSpec, seed: int, per_channel: bool = False):
+def _quantize_activation(x: torch.Tensor, spec: QuantSpec, seed: int, per_channel: bool = False,
+                         zero_point: int = 0):
     """Quantize a 4-D NCHW tensor via its channels-last [N*H*W, C] view; codes come back channels-last.
 
     ``per_channel`` gives one scale per channel C (shape [C]); otherwise one scale (shape [1]).
+    ``zero_point=128`` emits the shifted uint8 codes oneDNN's int8 convolution consumes.
     """
     x = x.contiguous(memory_format=_CL)
     n, c, h, w = x.shape
     rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)  # a view: channels-last memory is NHWC
     if not per_channel:
         spec = QuantSpec(spec.fmt, PerTensor(), spec.rounding, spec.scale_kind)
-    codes, scale = quantize_matrix(rows, spec, 1, seed=seed)
+    codes, scale = quantize_matrix(rows, spec, 1, seed=seed, zero_point=zero_point)
     return codes.reshape(n, h, w, c).permute(0, 3, 1, 2), scale.reshape(-1)
 
 
@@ -89,11 +91,11 @@ class _IntConv2dFn(torch.autograd.Function):
         fwd, gw = prec.forward, prec.grad_weight
         xf = x.to(torch.float32)
         if fwd.integer:
-            qx, sx = _quantize_activation(xf, fwd.lhs, seeds[0])
+            qx, sx = _quantize_activation(xf, fwd.lhs, seeds[0], zero_point=128)  # uint8 q + 128
             check_finite(sx, "conv2d input")
             qw, sw = _quantize_weight(weight, fwd.rhs, seeds[0] ^ 0x5BD1E995, False, geom.groups)
             check_finite(sw, "conv2d weight")
-            y = conv_kernels.conv2d_forward(qx, sx, qw, sw, geom)
+            y = conv_kernels.conv2d_forward_u8(qx, sx, qw, sw, geom)
         else:
             y = F.conv2d(xf, weight.float(), None, geom.stride, geom.padding, geom.dilation, geom.groups)
         if bias is not None:
@@ -102,7 +104,7 @@ class _IntConv2dFn(torch.autograd.Function):
             ctx.save_for_backward(weight)
         elif gw.integer:
             if fwd.integer and gw.rhs == fwd.lhs and gw.rhs.rounding is Rounding.NEAREST_EVEN:
-                qx_gw, sx_gw = qx, sx  # same spec, deterministic rounding: reuse the forward codes
+                qx_gw, sx_gw = qx, sx  # same spec, deterministic rounding: reuse the forward (uint8) codes
             else:
                 qx_gw, sx_gw = _quantize_activation(xf, gw.rhs, seeds[2] ^ 0x5BD1E995)
             ctx.save_for_backward(weight, qx_gw, sx_gw)
@@ -121,11 +123,11 @@ class _IntConv2dFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gi = prec.grad_input
             if gi.integer:
-                qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1])
+                qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=128)
                 if not is_finite(sg):  # amax propagates inf/NaN: this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
                 qw, sw = _quantize_weight(weight, gi.rhs, seeds[1] ^ 0x5BD1E995, True, geom.groups)
-                dx = conv_kernels.conv2d_input_grad(qg, sg, qw, sw, tuple(ctx.x_shape), geom)
+                dx = conv_kernels.conv2d_input_grad_u8(qg, sg, qw, sw, tuple(ctx.x_shape), geom)
             else:
                 dx = torch.nn.grad.conv2d_input(ctx.x_shape, weight.float(), dyf, geom.stride, geom.padding,
                                                 geom.dilation, geom.groups)

@@ -74,7 +74,7 @@ def coerce(name: str, value: Any, where: str) -> Any:
             if isinstance(value, (dict, list)):
                 raise ValueError
             return str(value)
-    except ValueError:
+    except (TypeError, ValueError):
         pass
     else:
         return value

@@ -424,7 +424,11 @@ class _PaddedBatch:
         m, _, h, w = x.shape
         ph, pw = pad
         gh, gw = g.shape[2], g.shape[3]
-        self.x[:m, ph : ph + h, pw : pw + w].copy_(_nhwc(x))
+        dst = self.x[:m, ph : ph + h, pw : pw + w]
+        if x.dtype == torch.uint8:  # shifted codes q + 128 (the forward conv's input): a sign-bit flip restores q
+            torch.bitwise_xor(_nhwc(x).view(torch.int8), -128, out=dst)
+        else:
+            dst.copy_(_nhwc(x))
         xf = self.x[:m].view(-1, self.x.shape[3])
         if self.transpose_g:
             self.g[:, :m, :gh, :gw].copy_(g.permute(1, 0, 2, 3))
@@ -476,7 +480,9 @@ def conv2d_weight_grad(
     """dW = sum_{n,h,w} gq * xq_shifted * g_scale[co] * x_scale; float32 ``weight_shape``.
 
     Takes any memory format; an NCHW-contiguous ``gq`` (which the gradient quantizer
-    can emit) is the cheapest to bring into the GEMM layout.
+    can emit) is the cheapest to bring into the GEMM layout.  ``xq`` may also be the
+    shifted uint8 codes ``q + 128`` that :func:`conv2d_forward_u8` consumed, so the
+    forward pass's codes serve here without another pass.
     """
     _check_cpu(gq, xq)
     count("conv_wgrad")

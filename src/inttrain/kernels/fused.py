@@ -107,7 +107,8 @@ def quantize_matrix(
         scale_shape = [1, 1]
         if isinstance(spec.granularity, PerChannel):
             scale_shape[kept_axis] = x.shape[kept_axis]
-        codes = torch.zeros(shape[::-1] if transpose else shape, dtype=storage_dtype(spec.fmt), device=x.device)
+        dtype = storage_dtype(spec.fmt) if zero_point == 0 else torch.uint8
+        codes = torch.full(shape[::-1] if transpose else shape, zero_point, dtype=dtype, device=x.device)
         scale = torch.ones(scale_shape, device=x.device)
         return codes, scale.t() if transpose else scale
     seed_t = torch.tensor(seed & 0xFFFFFFFF, dtype=torch.int64, device=x.device)
