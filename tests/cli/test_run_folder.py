@@ -1,0 +1,200 @@
+"""``inttrain train`` run folders, exact resume, config layering and checkpoint errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from inttrain.cli.app import main
+from inttrain.trainer import get_prepare
+
+# digits, batch 64: 1438 train images -> 22 steps per epoch.
+BASE = ["--dataset", "digits", "--batch-size", "64", "--threads", "1", "--log-every", "1"]
+
+
+def _train(out: Path, *extra: str) -> int:
+    return main(["train", *BASE, "--out", str(out), *extra])
+
+
+def _rows(run: Path) -> list[tuple]:
+    # Everything but the wall-clock column.
+    return [(r["kind"], r["step"], r["epoch"], r["loss"], r["val_accuracy"], r["lr"])
+            for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+
+def _err(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_run_folder_files(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert _train(run, "--epochs", "1", "--log-every", "5") == 0
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["model"] == "small-cnn" and cfg["dataset"] == "digits" and cfg["batch_size"] == 64
+    assert {"recipe", "bits", "epochs", "lr", "optimizer", "seed", "data_dir"} <= set(cfg)
+    with open(run / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["kind", "step", "epoch", "loss", "val_accuracy", "lr", "time_per_step"]
+    assert [r["step"] for r in rows if r["kind"] == "step"] == ["5", "10", "15", "20"]
+    epoch_rows = [r for r in rows if r["kind"] == "epoch"]
+    assert len(epoch_rows) == 1 and float(epoch_rows[0]["val_accuracy"]) > 0.5
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == len(rows)
+    assert "epoch 1/1" in (run / "train.log").read_text()
+    for name in ("last", "best"):
+        weights = load_file(run / "checkpoints" / f"{name}.safetensors")
+        state = torch.load(run / "checkpoints" / f"{name}.state.pt", weights_only=True)
+        assert state["train_state"]["step"] == 22 and state["config"] == cfg
+        from inttrain.models import build_model
+
+        assert sorted(weights) == sorted(build_model("small-cnn", 10, 1, 8).state_dict())
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("recipe", ["fp32", "int8"])
+def test_resume_is_bit_identical(tmp_path: Path, recipe: str) -> None:
+    if recipe != "fp32" and get_prepare() is None:
+        pytest.skip("inttrain.prepare_ not available")
+    a, b = tmp_path / "a", tmp_path / "b"
+    # Stop mid-epoch 2 (step 30 of 44): the data position within the epoch must be restored.
+    assert _train(a, "--recipe", recipe, "--epochs", "2", "--max-steps", "30") == 0
+    assert torch.load(a / "checkpoints/last.state.pt", weights_only=True)["train_state"]["position"] == 8
+    assert main(["resume", str(a)]) == 0
+    assert _train(b, "--recipe", recipe, "--epochs", "2") == 0
+    rows_a, rows_b = _rows(a), _rows(b)
+    assert [r[1] for r in rows_a if r[0] == "step"] == list(range(1, 45))
+    assert rows_a == rows_b  # same losses, step by step, and same val accuracies
+    wa, wb = load_file(a / "checkpoints/last.safetensors"), load_file(b / "checkpoints/last.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wb)
+
+
+def test_config_file_set_and_flags(tmp_path: Path) -> None:
+    conf = tmp_path / "run.yaml"
+    conf.write_text("epochs: 3\nlr: 0.1\nseed: 4\nmax_steps: 2\n")
+    run = tmp_path / "run"
+    # file < --set < flags
+    assert _train(run, "--config", str(conf), "--set", "lr=0.02", "--set", "seed=5", "--seed", "6") == 0
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert (cfg["epochs"], cfg["lr"], cfg["seed"], cfg["max_steps"]) == (3, 0.02, 6, 2)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "sets", "expected"),
+    [
+        ("epoch: 3\n", [], "error: --config {conf}: unknown key 'epoch'; allowed: model, dataset, data_dir, recipe, bits,"),
+        ("", ["lrate=1"], "error: --set: unknown key 'lrate'; allowed: model,"),
+        ("", ["epochs=three"], "error: --set: epochs='three': must be an integer"),
+        ("", ["epochs"], "error: --set: 'epochs': expected key=value"),
+        ("- 1\n", [], "error: --config {conf}: top level is a list; expected a mapping"),
+        ("lr: [1]\n", [], "error: --config {conf}: lr=[1]: must be a number"),
+    ],
+)
+def test_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], yaml_text: str, sets: list[str], expected: str) -> None:
+    conf = tmp_path / "run.yaml"
+    conf.write_text(yaml_text)
+    args = ["--config", str(conf)] + [a for s in sets for a in ("--set", s)]
+    assert _train(tmp_path / "run", *args) == 2
+    assert _err(capsys).startswith(expected.format(conf=conf))
+    assert not (tmp_path / "run").exists()
+
+
+def test_bits_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if get_prepare() is None:
+        pytest.skip("inttrain.prepare_ not available")
+    assert _train(tmp_path / "r", "--recipe", "int8", "--bits", "40") == 2
+    assert _err(capsys) == "error: --bits: unsupported bit width 40: inttrain supports 2 to 16 bits"
+    assert _train(tmp_path / "r", "--bits", "6") == 2
+    assert _err(capsys).startswith("error: --bits: 6: recipe 'fp32' has no bit width")
+    assert not (tmp_path / "r").exists()
+    run = tmp_path / "r6"
+    assert _train(run, "--recipe", "int8", "--bits", "6", "--max-steps", "2") == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["bits"] == 6
+
+
+def test_out_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert _train(blocker / "run") == 2
+    assert _err(capsys) == f"error: --out: '{blocker / 'run'}': cannot create a folder under '{blocker}' (not writable)"
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x").write_text("")
+    assert _train(busy) == 2
+    assert _err(capsys).startswith(f"error: --out: '{busy}' already exists and is not empty")
+
+
+def test_bad_data_leaves_no_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip")
+    assert main(["train", "--dataset", "npz", "--data-dir", str(bad), "--out", str(tmp_path / "run")]) == 2
+    assert _err(capsys).startswith("error: --dataset npz: bad.npz: file: not a readable .npz archive")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("ckpt") / "run"
+    assert _train(run, "--epochs", "1", "--max-steps", "3") == 0
+    return run
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda c: (c / "last.safetensors").unlink(), "checkpoint file not found"),
+        (lambda c: (c / "last.state.pt").write_bytes((c / "last.state.pt").read_bytes()[:100]),
+         "last.state.pt: not a readable checkpoint state file"),
+        (lambda c: (c / "last.safetensors").write_bytes((c / "last.safetensors").read_bytes()[:-10]),
+         "does not match the last.state.pt record"),
+    ],
+)
+def test_damaged_checkpoint_exits_2(stopped_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    damage, expected: str) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    damage(run / "checkpoints")
+    assert main(["resume", str(run)]) == 2
+    err = _err(capsys)
+    assert err.startswith("error: RUN_DIR: ") and expected in err
+
+
+def test_resume_of_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["resume", str(tmp_path / "nope")]) == 2
+    assert _err(capsys).startswith(f"error: RUN_DIR: '{tmp_path / 'nope'}' is not a folder")
+
+
+def test_sigterm_saves_last_and_exits(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inttrain", "train", *BASE, "--epochs", "1000", "--out", str(run)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().count("\n") >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted by signal 15" in out and "Traceback" not in err
+    state = torch.load(run / "checkpoints/last.state.pt", weights_only=True)
+    steps = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert state["train_state"]["step"] == max(steps) >= 3
