@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -10,7 +11,7 @@ from torch import Tensor, nn
 
 from inttrain.data import DatasetSplits, load_dataset
 from inttrain.models import build_model
-from inttrain.trainer import NonFiniteLossError, RunResult, get_prepare, train
+from inttrain.trainer import NonFiniteLossError, RunResult, TrainHooks, get_prepare, train
 
 
 @pytest.fixture(autouse=True)
@@ -115,3 +116,46 @@ def test_int8_recipe_learns_and_is_deterministic(digits: DatasetSplits) -> None:
     b = _run(digits, "int8", epochs=1, seed=3, batch_size=64)
     assert a.val_accuracy > 0.8 and a.skipped_steps == 0
     assert a.train_losses == b.train_losses
+
+
+class _Capture(TrainHooks):
+    """Keeps the snapshot the loop offers when it saves ``last`` (i.e. when max_steps stops it)."""
+
+    def __init__(self) -> None:
+        self.snap: tuple[dict, dict] | None = None
+
+    def save(self, name: str, snapshot) -> None:  # type: ignore[no-untyped-def]
+        if name == "last":
+            weights, state = snapshot()
+            self.snap = ({k: v.clone() for k, v in weights.items()}, copy.deepcopy(state["optimizer"]))
+
+
+def _nan_grad_model(bad_steps: set[int], param: str = "features.3.weight") -> nn.Module:
+    """small-cnn whose ``param`` gradient is NaN on the given (1-based) training forwards."""
+    torch.manual_seed(0)
+    inner = build_model("small-cnn", 10, 1, 8)
+    model = _NaNOnSteps(inner, set())  # only for its forward counter
+    target = dict(inner.named_parameters())[param]
+    target.register_hook(lambda g: g * float("nan") if model.calls in bad_steps else g)
+    return model
+
+
+def test_skipped_step_leaves_weights_and_optimizer_untouched(digits: DatasetSplits) -> None:
+    before, after = _Capture(), _Capture()
+    kw = dict(epochs=1, optimizer="adam", lr=1e-3, log=lambda s: None)
+    train(_nan_grad_model(set()), digits, max_steps=4, hooks=before, **kw)
+    lines: list[str] = []
+    res = train(_nan_grad_model({5}), digits, max_steps=5, hooks=after, **{**kw, "log": lines.append})
+    assert res.skipped_steps == 1
+    assert "  step 5 (epoch 1): skipped, non-finite gradient in 'inner.features.3.weight'" in lines
+    (w0, o0), (w1, o1) = before.snap, after.snap  # type: ignore[misc]
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)  # BN buffers included
+    assert o0["param_groups"] == o1["param_groups"]
+    for i, s in o0["state"].items():
+        assert all(torch.equal(s[k], o1["state"][i][k]) for k in s)
+
+
+def test_consecutive_nan_gradients_name_step_and_layer(digits: DatasetSplits) -> None:
+    with pytest.raises(NonFiniteLossError, match=r"stopped at step 4 \(epoch 1\): non-finite gradient in "
+                                                 r"'inner\.features\.3\.weight'"):
+        train(_nan_grad_model({3, 4}), digits, epochs=1, log=lambda s: None, max_consecutive_skips=2)
