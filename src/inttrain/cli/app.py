@@ -73,7 +73,7 @@ def env() -> None:
 @app.command("train")
 def train_cmd(
     model: Annotated[Optional[str], typer.Option(help="mlp, lenet5, small-cnn, resnet20, resnet32, resnet56, vgg-small. [default: small-cnn]")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="digits, synthetic, npz, mnist, cifar10, folder. [default: digits]")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="digits, synthetic, npz, mnist, fashion-mnist, cifar10, folder. [default: digits]")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="Data file or folder (mnist: idx files; cifar10: cifar-10-batches-bin; folder: one sub-folder per class; npz).")] = None,
     recipe: Annotated[Optional[str], typer.Option(help="fp32, bf16, or an inttrain recipe such as int8. [default: fp32]")] = None,
     bits: Annotated[Optional[int], typer.Option(help="Override the integer recipe's bit width.")] = None,

@@ -1,8 +1,9 @@
 """Datasets: ``load_dataset(name, ...)`` -> validated train/val ``TensorDataset``s.
 
 Available: ``digits`` (default; bundled with scikit-learn, offline),
-``synthetic`` (seeded Gaussian blobs), ``npz`` (any .npz), and ``mnist`` /
-``cifar10`` (an .npz with the expected shapes, for now). Every dataset is
+``synthetic`` (seeded Gaussian blobs), ``npz`` (any .npz), ``mnist`` /
+``fashion-mnist`` (official idx files or an .npz), ``cifar10`` (the official
+binary batches or an .npz) and ``folder`` (one sub-folder of images per class). Every dataset is
 validated before training; problems raise :class:`DataError`.
 """
 
@@ -15,6 +16,7 @@ from .arrays import RawArrays
 from .cifar10 import CIFAR10_LAYOUT, load_cifar10_arrays
 from .digits import load_digits_arrays
 from .errors import DataError
+from .folder import load_folder_arrays
 from .mnist import MNIST_LAYOUT, load_mnist_arrays
 from .npz import load_npz_arrays, resolve_npz_path
 from .splits import DatasetSplits, make_splits
@@ -30,7 +32,9 @@ _LOADERS: dict[str, tuple[_Loader, ImageLayout | None]] = {
     "synthetic": (lambda data_dir, seed: make_synthetic_arrays(seed), None),
     "npz": (lambda data_dir, seed: load_npz_arrays(resolve_npz_path(data_dir, "npz")), None),
     "mnist": (lambda data_dir, seed: load_mnist_arrays(data_dir), MNIST_LAYOUT),
+    "fashion-mnist": (lambda data_dir, seed: load_mnist_arrays(data_dir, "fashion-mnist"), MNIST_LAYOUT),
     "cifar10": (lambda data_dir, seed: load_cifar10_arrays(data_dir), CIFAR10_LAYOUT),
+    "folder": (lambda data_dir, seed: load_folder_arrays(data_dir), None),
 }
 
 #: Names accepted by :func:`load_dataset`.
@@ -50,8 +54,8 @@ def load_dataset(
 ) -> DatasetSplits:
     """Load, validate and split dataset ``name``.
 
-    ``data_dir`` is the .npz file (or a folder with ``<name>.npz``) for the
-    file-backed datasets; ``seed`` fixes the train/val split (and the
+    ``data_dir`` is the data folder (idx files, cifar-10-batches-bin, class
+    sub-folders) or .npz file for the file-backed datasets; ``seed`` fixes the train/val split (and the
     synthetic data). If the source has a test split, it is the val set and
     ``val_fraction`` is unused. Raises ValueError for an unknown name and
     :class:`DataError` for bad data.

@@ -1,20 +1,68 @@
-"""CIFAR-10: for now an .npz with uint8 images (N, 32, 32, 3) and labels 0..9.
+"""CIFAR-10: the official binary version (``cifar-10-batches-bin``), or an .npz.
 
-The official CIFAR binary/pickle-free loader will live here too; callers only
-use :func:`load_cifar10_arrays`.
+Binary records are 3073 bytes: one label byte, then 32x32 red, green and
+blue planes. ``data_dir`` may be the ``cifar-10-batches-bin`` folder or its
+parent; ``data_batch_*.bin`` are the training set and ``test_batch.bin`` (if
+present) the validation set. An .npz holds uint8 images (N, 32, 32, 3).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from .arrays import RawArrays
+from .errors import DataError
 from .npz import load_npz_arrays, resolve_npz_path
 
-__all__ = ["load_cifar10_arrays", "CIFAR10_LAYOUT"]
+__all__ = ["load_cifar10_arrays", "read_cifar_bin", "CIFAR10_LAYOUT"]
 
 CIFAR10_LAYOUT = (3, 32)  # channels, image size
+RECORD = 1 + 3 * 32 * 32
+
+
+def read_cifar_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(images uint8 NHWC, labels int64) of one CIFAR-10 binary batch file, validated."""
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+    except OSError as e:
+        raise DataError(f"{path.name}: file: cannot read ({e})") from None
+    if data.size == 0 or data.size % RECORD:
+        raise DataError(
+            f"{path.name}: length: {data.size} bytes is not a positive multiple of the {RECORD}-byte record "
+            "(1 label + 3072 pixels); truncated or not a CIFAR-10 binary batch"
+        )
+    records = data.reshape(-1, RECORD)
+    labels = records[:, 0].astype(np.int64)
+    bad = labels >= 10
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(f"{path.name}: record {i}: label {labels[i]} out of range [0, 10)")
+    images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # CHW planes -> NHWC
+    return np.ascontiguousarray(images), labels
+
+
+def _batches_folder(folder: Path) -> Path | None:
+    for candidate in (folder, folder / "cifar-10-batches-bin"):
+        if sorted(candidate.glob("data_batch_*.bin")):
+            return candidate
+    return None
 
 
 def load_cifar10_arrays(data_dir: str | Path | None) -> RawArrays:
+    if data_dir is not None and Path(data_dir).is_dir():
+        folder = _batches_folder(Path(data_dir))
+        if folder is not None:
+            parts = [read_cifar_bin(p) for p in sorted(folder.glob("data_batch_*.bin"))]
+            x = np.concatenate([p[0] for p in parts])
+            y = np.concatenate([p[1] for p in parts])
+            test = folder / "test_batch.bin"
+            x_test, y_test = read_cifar_bin(test) if test.is_file() else (None, None)
+            return RawArrays(f"cifar10 bin ({folder})", x, y, x_test, y_test, num_classes=10)
+        if not (Path(data_dir) / "cifar10.npz").is_file():
+            raise DataError(
+                f"{data_dir}: data_dir: no cifar10 data; expected cifar-10-batches-bin/data_batch_*.bin "
+                "(+ test_batch.bin) or cifar10.npz"
+            )
     return load_npz_arrays(resolve_npz_path(data_dir, "cifar10"), num_classes=10)

@@ -1,0 +1,83 @@
+"""An image folder: one sub-folder per class (``cat/001.png``, ``dog/002.jpg``, ...).
+
+Class ids follow the sorted sub-folder names. With ``train/`` and ``val/`` (or
+``test/``) sub-folders those are the two splits; otherwise a seeded fraction is
+held out. Images must all be the same square size; they load as grayscale
+when every image is, RGB otherwise. Needs Pillow (imported only here).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .arrays import RawArrays
+from .errors import DataError
+
+__all__ = ["load_folder_arrays", "IMAGE_SUFFIXES"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+def _pil():
+    try:
+        from PIL import Image
+    except ImportError:
+        raise DataError("folder: Pillow: not installed; the folder dataset reads images with it (pip install pillow)") from None
+    return Image
+
+
+def _scan(root: Path, classes: list[str] | None = None) -> tuple[list[str], list[tuple[Path, int]]]:
+    found = sorted(p.name for p in root.iterdir() if p.is_dir())
+    classes = classes or found
+    if not classes:
+        raise DataError(f"{root}: classes: no sub-folders; expected one sub-folder of images per class")
+    extra = sorted(set(found) - set(classes))
+    if extra:
+        raise DataError(f"{root}: classes: {extra} not among the training classes {classes}")
+    items = []
+    for label, name in enumerate(classes):
+        files = sorted(p for p in (root / name).glob("*") if p.suffix.lower() in IMAGE_SUFFIXES) if (root / name).is_dir() else []
+        items += [(p, label) for p in files]
+    if not items:
+        raise DataError(f"{root}: images: none found (suffixes {', '.join(IMAGE_SUFFIXES)})")
+    return classes, items
+
+
+def _load(items: list[tuple[Path, int]], mode: str | None) -> tuple[np.ndarray, np.ndarray, str]:
+    image = _pil()
+    pics = []
+    for path, _ in items:
+        try:
+            with image.open(path) as im:
+                pics.append(im.copy())
+        except OSError as e:
+            raise DataError(f"{path}: image: cannot read ({e})") from None
+    if mode is None:
+        mode = "L" if all(p.mode in ("L", "1", "I", "I;16") for p in pics) else "RGB"
+    size = pics[0].size
+    arrays = []
+    for (path, _), p in zip(items, pics):
+        if p.size != size:
+            raise DataError(f"{path}: image: size {p.size[0]}x{p.size[1]}; expected {size[0]}x{size[1]} like {items[0][0].name}")
+        arrays.append(np.asarray(p.convert(mode), dtype=np.uint8))
+    return np.stack(arrays), np.array([label for _, label in items], dtype=np.int64), mode
+
+
+def load_folder_arrays(data_dir: str | Path | None) -> RawArrays:
+    if data_dir is None:
+        raise DataError("folder: data_dir: required; point it at a folder with one sub-folder of images per class")
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise DataError(f"{root}: data_dir: not a folder")
+    val_dir = next((root / n for n in ("val", "test") if (root / n).is_dir()), None)
+    if (root / "train").is_dir() and val_dir is not None:
+        classes, train_items = _scan(root / "train")
+        _, val_items = _scan(val_dir, classes)
+        x, y, mode = _load(train_items, None)
+        x_val, y_val, _ = _load(val_items, mode)
+        return RawArrays(f"folder {root}", x, y, x_val, y_val, num_classes=len(classes))
+    classes, items = _scan(root)
+    x, y, _ = _load(items, None)
+    return RawArrays(f"folder {root}", x, y, num_classes=len(classes))
