@@ -116,3 +116,14 @@ def test_cuda_padding_path_exact():
     g = torch.Generator().manual_seed(0)
     a, b = _rand((5, 13), I8, torch.int8, g), _rand((13, 3), I8, torch.int8, g)
     assert torch.equal(int_mm(a.cuda(), b.cuda()).cpu().long(), int_mm_reference(a, b))
+
+
+def test_reused_output_buffer_is_exact_and_reused():
+    g = torch.Generator().manual_seed(5)
+    a, b = _rand((9, 20), I8, torch.int8, g), _rand((20, 11), I8, torch.int8, g)
+    first = int_mm(a, b, reuse_output=True)
+    assert torch.equal(first.long(), int_mm_reference(a, b))
+    a2, b2 = _rand((9, 20), I8, torch.int8, g), _rand((20, 11), I8, torch.int8, g)
+    second = int_mm(a2, b2, reuse_output=True)
+    assert torch.equal(second.long(), int_mm_reference(a2, b2))
+    assert second.data_ptr() == first.data_ptr()  # same scratch buffer for the same shape

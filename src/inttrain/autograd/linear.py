@@ -49,7 +49,7 @@ class _IntLinearFn(torch.autograd.Function):
             # W^T as the rhs, written transposed+contiguous: the operand layout _int_mm runs fastest on.
             qw, sw = quantize_matrix(weight, fwd.rhs, 0, transpose=True, seed=seeds[0] ^ 0x5BD1E995)
             check_finite(sw, "linear weight")
-            y = dequant_epilogue(int_mm(qx, qw), sx, sw, None if bias is None else bias.float())
+            y = dequant_epilogue(int_mm(qx, qw, reuse_output=True), sx, sw, None if bias is None else bias.float())
         else:
             y = torch.nn.functional.linear(x2.float(), weight.float(), None if bias is None else bias.float())
         if not ctx.needs_input_grad[1]:  # inference / frozen weight: no dW, nothing to keep
@@ -75,7 +75,7 @@ class _IntLinearFn(torch.autograd.Function):
                 qg, sg = quantize_matrix(dy2, prec.grad_weight.lhs, 1, transpose=True, seed=seeds[2])
                 if not is_finite(sg):  # amax propagates inf/NaN, so this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
-                dw = dequant_epilogue(int_mm(qg, qx), sg, sx)
+                dw = dequant_epilogue(int_mm(qg, qx, reuse_output=True), sg, sx)
             else:
                 dw = dy2.t() @ saved[0].float()
             dw = dw.to(weight.dtype)
@@ -86,7 +86,7 @@ class _IntLinearFn(torch.autograd.Function):
                 if not is_finite(sg):
                     return _non_finite_grads(ctx, weight)
                 qw, sw = quantize_matrix(weight, gi.rhs, 1, seed=seeds[1] ^ 0x5BD1E995)
-                dx = dequant_epilogue(int_mm(qg, qw), sg, sw)
+                dx = dequant_epilogue(int_mm(qg, qw, reuse_output=True), sg, sw)
             else:
                 dx = dy2 @ weight.float()
             dx = dx.to(ctx.x_dtype)

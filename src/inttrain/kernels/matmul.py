@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .counters import count
+from .workspace import scratch
 
 __all__ = [
     "INT8_SAFE_K",
@@ -53,13 +54,13 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
             raise TypeError(f"integer GEMM operands must be int8 or int16, got {t.dtype}")
 
 
-def _int_mm_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _int_mm_padded(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``torch._int_mm`` with the CUDA shape rules met by zero padding (M > 16, K and N multiples of 8).
 
     Zero rows/columns add nothing to the integer sums, so padding keeps the result exact.
     """
     if a.device.type != "cuda":
-        return torch._int_mm(a, b)
+        return torch._int_mm(a, b) if out is None else torch.ops.aten._int_mm.out(a, b, out=out)
     m, k = a.shape
     n = b.shape[1]
     pm, pk, pn = max(17 - m, 0), (-k) % 8, (-n) % 8
@@ -70,15 +71,20 @@ def _int_mm_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(a, b)[:m, :n]
 
 
-def int8_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Exact int8 x int8 GEMM on ``torch._int_mm``; int32 result (int64 if K > INT8_SAFE_K)."""
+def int8_mm(a: torch.Tensor, b: torch.Tensor, *, reuse_output: bool = False) -> torch.Tensor:
+    """Exact int8 x int8 GEMM on ``torch._int_mm``; int32 result (int64 if K > INT8_SAFE_K).
+
+    ``reuse_output=True`` writes into a per-shape scratch buffer (see :mod:`.workspace`) that the
+    next call of the same shape overwrites: for callers that consume the result at once.
+    """
     m, k = a.shape
     n = b.shape[1]
     if m == 0 or n == 0 or k == 0:
         return torch.zeros(m, n, dtype=torch.int32, device=a.device)
     count("int8_mm")
     if k <= INT8_SAFE_K:
-        return _int_mm_padded(a, b)
+        out = scratch((m, n), torch.int32, a.device) if reuse_output and a.device.type != "cuda" else None
+        return _int_mm_padded(a, b, out)
     out = torch.zeros(m, n, dtype=torch.int64, device=a.device)
     for k0 in range(0, k, INT8_SAFE_K):
         out += _int_mm_padded(a[:, k0 : k0 + INT8_SAFE_K], b[k0 : k0 + INT8_SAFE_K])
@@ -102,13 +108,16 @@ def _int16_x_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 256 * p[:m] + p[m:] + 128 * colsum
 
 
-def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Exact integer GEMM for int8/int16 operands on int8 kernels (see module docstring)."""
+def int_mm(a: torch.Tensor, b: torch.Tensor, *, reuse_output: bool = False) -> torch.Tensor:
+    """Exact integer GEMM for int8/int16 operands on int8 kernels (see module docstring).
+
+    ``reuse_output``: see :func:`int8_mm` (applies to the int8 x int8 path).
+    """
     _check_operands(a, b)
     if not has_int_mm(a.device):
         return int_mm_reference(a, b)
     if a.dtype == torch.int8 and b.dtype == torch.int8:
-        return int8_mm(a, b)
+        return int8_mm(a, b, reuse_output=reuse_output)
     if a.dtype == torch.int16 and b.dtype == torch.int8:
         return _int16_x_int8(a, b)
     if a.dtype == torch.int8 and b.dtype == torch.int16:
