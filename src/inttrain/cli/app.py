@@ -118,6 +118,83 @@ def resume_cmd(
         raise typer.Exit(code)
 
 
+@app.command("eval")
+def eval_cmd(
+    checkpoint: Annotated[Path, typer.Argument(metavar="CKPT_OR_RUN_DIR", help="Run folder (best, else last) or .safetensors file.")],
+    dataset: Annotated[Optional[str], typer.Option(help="Evaluate on another dataset (default: the run's).")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Data for --dataset.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads.")] = None,
+) -> None:
+    """Print the validation accuracy of a checkpoint."""
+    from .evaluate import run_eval
+
+    run_eval(checkpoint, dataset, data_dir, threads)
+
+
+recipes_app = typer.Typer(help="List recipes, or show one's defaults.", invoke_without_command=True)
+app.add_typer(recipes_app, name="recipes")
+
+
+@recipes_app.callback()
+def recipes_list(ctx: typer.Context) -> None:
+    """List the recipe names this build can run."""
+    from .recipes_cmd import recipe_list
+
+    if ctx.invoked_subcommand is None:
+        typer.echo("\n".join(recipe_list()))
+
+
+@recipes_app.command("show")
+def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name.")]) -> None:
+    """Defaults of a recipe's config and what it does."""
+    from .recipes_cmd import describe_recipe
+
+    typer.echo(describe_recipe(name))
+
+
+@app.command("plot")
+def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
+    """Loss, accuracy and lr curves to RUN_DIR/plots/*.png."""
+    from .plot import plot_run
+
+    for path in plot_run(run_dir):
+        typer.echo(str(path))
+
+
+@app.command("compare")
+def compare_cmd(
+    recipes: Annotated[str, typer.Option(help="Comma-separated recipes, e.g. fp32,int8,bf16.")] = "fp32,int8",
+    model: Annotated[str, typer.Option(help="Model name.")] = "small-cnn",
+    dataset: Annotated[str, typer.Option(help="Dataset name.")] = "digits",
+    data_dir: Annotated[Optional[Path], typer.Option(help="Data file or folder.")] = None,
+    epochs: Annotated[int, typer.Option(help="Epochs per recipe.")] = 5,
+    batch_size: Annotated[int, typer.Option(help="Batch size.")] = 32,
+    lr: Annotated[float, typer.Option(help="Learning rate.")] = 0.05,
+    optimizer: Annotated[str, typer.Option(help="sgd, adam or adamw.")] = "sgd",
+    seed: Annotated[int, typer.Option(help="Seed (same for every recipe).")] = 0,
+    threads: Annotated[int, typer.Option(help="CPU threads per run (1: stable timings).")] = 1,
+    max_steps: Annotated[Optional[int], typer.Option(help="Step budget per recipe.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Folder [default: runs/compare-<model>-<dataset>-<timestamp>].")] = None,
+) -> None:
+    """Train the same model under several recipes and tabulate accuracy, speed and memory."""
+    import time
+
+    from .compare import parse_recipes, run_compare
+    from .config import RunConfig
+    from .run import validate_config
+
+    names = parse_recipes(recipes)
+    base = dict(model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None, epochs=epochs,
+                batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads, max_steps=max_steps)
+    for name in names:
+        validate_config(RunConfig(**base, recipe=name))  # every error before the first run starts
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in base.items() if v is not None]
+    out = out or Path("runs") / f"compare-{model}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    code = run_compare(names, args, out, f"{model} on {dataset}: {', '.join(names)} (seed {seed}, {epochs} epochs)")
+    if code:
+        raise typer.Exit(code)
+
+
 # ----------------------------------------------------------------------------- helpers
 
 

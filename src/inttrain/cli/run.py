@@ -146,6 +146,7 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None) -> int:
             recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
             resume_from=resume_from,
         )
+    write_summary(folder.root, cfg, result)
     if got:
         folder.log(f"interrupted by signal {got[0]}: saved {folder.checkpoint('last')[0]}; "
                    f"continue with `inttrain resume {folder.root}`")
@@ -156,6 +157,41 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None) -> int:
         + (f"; stopped early ({result.stopped}), continue with `inttrain resume {folder.root}`" if result.stopped else "")
     )
     return 0
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (MiB)."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1024 ** 2 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+
+
+def write_summary(root: Path, cfg: RunConfig, result: Any) -> None:
+    """``summary.json``: the numbers `inttrain compare` tabulates (one process per run: honest peak RSS)."""
+    import json
+    import math
+    import statistics
+
+    def num(v: float) -> float | None:
+        return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    epoch_seconds = [e.seconds for e in result.epochs]
+    summary = {
+        "recipe": cfg.recipe,
+        "bits": cfg.bits,
+        "val_accuracy": num(result.val_accuracy),
+        "best_val_accuracy": num(max(result.val_accuracies, default=math.nan)),
+        "epochs": len(result.epochs),
+        "steps": result.steps,
+        "skipped_steps": result.skipped_steps,
+        "time_per_step": num(result.time_per_step),
+        "seconds_per_epoch": num(statistics.mean(epoch_seconds)) if epoch_seconds else None,
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "stopped": result.stopped,
+    }
+    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def start_run(cfg: RunConfig, out: Path | None) -> int:

@@ -1,0 +1,63 @@
+"""``inttrain eval CKPT_OR_RUN_DIR``: validation accuracy of a saved checkpoint.
+
+The model, recipe and data come from the config stored in the checkpoint, so
+an evaluation needs nothing but the path (``--dataset`` / ``--data-dir``
+point it at other data of the same shape).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import typer
+
+from .config import RunConfig, config_from_dict
+from .errors import UsageProblem
+
+__all__ = ["resolve_checkpoint", "run_eval"]
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """The weights file for ``path``: a .safetensors file, or a run folder's best (else last) checkpoint."""
+    if path.is_dir():
+        for name in ("best", "last"):
+            candidate = path / "checkpoints" / f"{name}.safetensors"
+            if candidate.is_file():
+                return candidate
+        raise UsageProblem("CHECKPOINT", f"{str(path)!r}: no checkpoints/best.safetensors or last.safetensors in this folder")
+    if path.suffix != ".safetensors" or not path.is_file():
+        raise UsageProblem("CHECKPOINT", f"{str(path)!r}: not found; expected a run folder or a .safetensors checkpoint")
+    return path
+
+
+def run_eval(path: Path, dataset: str | None, data_dir: Path | None, threads: int | None) -> float:
+    from inttrain.trainer import CheckpointError, evaluate, load_checkpoint
+
+    from .run import prepare_run
+
+    weights_path = resolve_checkpoint(path)
+    try:
+        weights, state = load_checkpoint(weights_path)
+    except CheckpointError as e:
+        raise UsageProblem("CHECKPOINT", str(e)) from None
+    saved = config_from_dict(dict(state.get("config", {})), f"{weights_path} config")
+    overrides = {k: v for k, v in dict(dataset=dataset, threads=threads).items() if v is not None}
+    if data_dir is not None or dataset is not None:
+        overrides["data_dir"] = str(data_dir) if data_dir is not None else None
+    cfg = dataclasses.replace(RunConfig(), **{**saved, **overrides, "max_steps": None})
+    p = prepare_run(cfg, echo=lambda s: None)
+    try:
+        p.model.load_state_dict(weights)
+    except RuntimeError as e:
+        raise UsageProblem(
+            "--dataset", f"{cfg.dataset!r}: checkpoint {weights_path.name} does not fit the model built for it "
+            f"({str(e).splitlines()[0]})"
+        ) from None
+    from torch.utils.data import DataLoader
+
+    import torch
+
+    acc = evaluate(p.model, DataLoader(p.splits.val, batch_size=256), cfg.recipe, torch.device("cpu"))
+    typer.echo(f"val_acc {acc:.4f} ({len(p.splits.val)} images of {cfg.dataset}, {p.splits.val_source}; {weights_path})")
+    return acc

@@ -1,0 +1,73 @@
+"""``inttrain plot RUN_DIR``: loss, accuracy and lr curves from metrics.jsonl to RUN_DIR/plots/*.png.
+
+matplotlib is imported here only (with the Agg backend: no display needed),
+so the rest of the CLI starts without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageProblem
+
+__all__ = ["plot_run", "load_rows"]
+
+
+def load_rows(run_dir: Path) -> list[dict[str, Any]]:
+    import json
+
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise UsageProblem("RUN_DIR", f"{str(run_dir)!r}: no metrics.jsonl; expected a run folder made by `inttrain train`")
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise UsageProblem("RUN_DIR", f"{path}: line {i}: not JSON ({e.msg})") from None
+    if not rows:
+        raise UsageProblem("RUN_DIR", f"{path}: no rows yet (nothing to plot)")
+    return rows
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """Write loss.png, accuracy.png and lr.png; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = load_rows(run_dir)
+    steps = [r for r in rows if r["kind"] == "step" and r["loss"] is not None]
+    epochs = [r for r in rows if r["kind"] == "epoch"]
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    written = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        written.append(out / name)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=1, label="train loss (step)")
+    ax.plot([r["step"] for r in epochs if r["loss"] is not None],
+            [r["loss"] for r in epochs if r["loss"] is not None], "o-", label="train loss (epoch mean)")
+    ax.set(xlabel="step", ylabel="loss", title=f"{run_dir.name}: loss")
+    ax.legend()
+    save(fig, "loss.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["epoch"] for r in epochs], [r["val_accuracy"] for r in epochs], "o-")
+    ax.set(xlabel="epoch", ylabel="val accuracy", title=f"{run_dir.name}: accuracy")
+    save(fig, "accuracy.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["step"] for r in rows if r.get("lr") is not None], [r["lr"] for r in rows if r.get("lr") is not None])
+    ax.set(xlabel="step", ylabel="learning rate", title=f"{run_dir.name}: lr")
+    save(fig, "lr.png")
+    return written
