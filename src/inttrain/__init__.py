@@ -26,10 +26,14 @@ _LAZY = {
     "sqnr_db": "inttrain.numerics",
 }
 
-__all__ = ["__version__", *_LAZY]
+_SUBMODULES = ("spec", "numerics", "kernels", "autograd", "nn", "recipes", "models", "data", "trainer")
+
+__all__ = ["__version__", *_LAZY, *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"inttrain.{name}")
     raise AttributeError(f"module 'inttrain' has no attribute {name!r}")
