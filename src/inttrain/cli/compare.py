@@ -95,7 +95,7 @@ def run_compare(recipes: list[str], train_args: list[str], out: Path, title: str
             summaries[recipe] = None
             continue
         summaries[recipe] = json.loads((out / recipe / "summary.json").read_text())
-        typer.echo(f"  val_acc {summaries[recipe]['val_accuracy']:.4f}")
+        typer.echo(f"  val_acc {_fmt('val_accuracy', summaries[recipe]['val_accuracy'])}")
     rows = _rows(summaries)
     with open(out / "compare.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
