@@ -177,7 +177,8 @@ def test_resume_of_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert _err(capsys).startswith(f"error: RUN_DIR: '{tmp_path / 'nope'}' is not a folder")
 
 
-def test_sigterm_saves_last_and_exits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_last_and_exits(tmp_path: Path, signum: int) -> None:
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
@@ -189,12 +190,12 @@ def test_sigterm_saves_last_and_exits(tmp_path: Path) -> None:
         while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().count("\n") >= 3):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "interrupted by signal 15" in out and "Traceback" not in err
+    assert proc.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130}[signum], err
+    assert f"interrupted by signal {int(signum)}" in out and "Traceback" not in err
     state = torch.load(run / "checkpoints/last.state.pt", weights_only=True)
     steps = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert state["train_state"]["step"] == max(steps) >= 3

@@ -4,9 +4,12 @@ The state file holds only plain containers, numbers, strings and tensors so it
 loads with ``torch.load(..., weights_only=True)``: a checkpoint is data, never
 code. Both files are written to temporary names in the same folder, fsynced,
 then renamed with ``os.replace`` -- weights first, state last. The state
-records the sha256 of its weights, so a crash between the two renames leaves a
-pair whose mismatch is detected on load instead of silently resuming from
-weights of a different step.
+records the sha256 of its weights, so a mismatched pair is detected on load
+instead of silently resuming from weights of a different step. Before the
+weights are replaced, the old ones are hard-linked to ``NAME.prev.safetensors``
+(removed after the state rename); a crash between the two renames therefore
+still leaves the previous checkpoint loadable: the loader falls back to the
+``.prev`` weights when they are the ones the state records.
 """
 
 from __future__ import annotations
@@ -89,10 +92,25 @@ def save_checkpoint(folder: str | Path, name: str, weights: dict[str, Tensor], s
     except BaseException:
         w_tmp.unlink(missing_ok=True)
         raise
+    prev = _prev_path(w_path)
+    prev.unlink(missing_ok=True)
+    if w_path.exists():
+        try:
+            os.link(w_path, prev)
+        except OSError:  # no hard links here (some network/FUSE file systems): copy instead
+            import shutil
+
+            shutil.copyfile(w_path, prev)
     os.replace(w_tmp, w_path)
-    os.replace(s_tmp, s_path)  # last: until here the old state rejects the new weights (sha mismatch)
     _fsync_dir(folder)
+    os.replace(s_tmp, s_path)  # last: until here the old state still names the .prev weights
+    _fsync_dir(folder)
+    prev.unlink(missing_ok=True)
     return w_path, s_path
+
+
+def _prev_path(weights_path: Path) -> Path:
+    return weights_path.with_name(weights_path.name.removesuffix(".safetensors") + ".prev.safetensors")
 
 
 def load_checkpoint(weights_path: str | Path, state_path: str | Path | None = None) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -112,6 +130,11 @@ def load_checkpoint(weights_path: str | Path, state_path: str | Path | None = No
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{s_path}: not an inttrain checkpoint state (format_version {FORMAT_VERSION} expected)")
     digest = _sha256(w_path)
+    prev = _prev_path(w_path)
+    if digest != state.get("weights_sha256") and prev.is_file() and _sha256(prev) == state.get("weights_sha256"):
+        # Interrupted between the two renames of a save: the state is the previous
+        # checkpoint's, and so are the .prev weights.
+        w_path, digest = prev, state["weights_sha256"]
     if digest != state.get("weights_sha256"):
         raise CheckpointError(
             f"{w_path}: weights sha256 {digest[:12]}... does not match the {s_path.name} record "
