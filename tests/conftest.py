@@ -6,3 +6,11 @@ Tests of the fused (compiled) path set INTTRAIN_COMPILE=1 themselves and compare
 import os
 
 os.environ.setdefault("INTTRAIN_COMPILE", "0")
+
+# Helper modules next to the tests (e.g. tests/autograd/grad_utils.py) are imported by name.
+import sys
+from pathlib import Path
+
+for folder in Path(__file__).parent.iterdir():
+    if folder.is_dir() and any(folder.glob("*_utils.py")):
+        sys.path.insert(0, str(folder))

@@ -1,6 +1,7 @@
 """int_conv2d: forward and both gradients vs float32 convolution, geometry, edge inputs."""
 
 import pytest
+from grad_utils import fwd_bwd as _run
 import torch
 import torch.nn.functional as F
 
@@ -15,14 +16,6 @@ SQNR_MIN_DB = 30.0
 
 def _prec():
     return Int8MixedConfig().precision_for(torch.nn.Conv2d(1, 1, 1), "conv")
-
-
-def _run(fn, x, w, b, dy):
-    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
-    b = None if b is None else b.clone().requires_grad_()
-    y = fn(x, w, b)
-    y.backward(dy)
-    return y.detach(), x.grad, w.grad, None if b is None else b.grad
 
 
 CASES = [  # (N, Cin, Cout, H, k, stride, padding, dilation, groups)

@@ -1,6 +1,7 @@
 """int_linear: forward and both gradients vs float32, edge inputs, per-GEMM precision switches."""
 
 import pytest
+from grad_utils import fwd_bwd as _run
 import torch
 import torch.nn.functional as F
 
@@ -19,14 +20,6 @@ def _pair(shape_x=(64, 96), out=48, bias=True, seed=0):
     b = torch.randn(out, generator=g) if bias else None
     dy = torch.randn(*shape_x[:-1], out, generator=g)
     return x, w, b, dy
-
-
-def _run(fn, x, w, b, dy):
-    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
-    b = None if b is None else b.clone().requires_grad_()
-    y = fn(x, w, b)
-    y.backward(dy)
-    return y.detach(), x.grad, w.grad, None if b is None else b.grad
 
 
 @pytest.mark.parametrize("shape_x", [(64, 96), (2, 5, 33), (1, 7)])

@@ -100,7 +100,10 @@ def _check_cpu(*tensors: Tensor) -> None:
     # oneDNN's int8 conv and these buffers are CPU-only; a CUDA path (im2col +
     # torch._int_mm with K, N padded to multiples of 8) is not implemented yet.
     if any(t.device.type != "cpu" for t in tensors):
-        raise NotImplementedError("inttrain.kernels.conv supports CPU tensors only")
+        raise NotImplementedError(
+            "inttrain int8 Conv2d kernels run on CPU only so far; on other devices keep convolutions in float"
+            " with prepare_(model, ..., filter_fn=lambda m, name: not isinstance(m, torch.nn.Conv2d))"
+        )
 
 
 def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
