@@ -28,6 +28,7 @@ _IMAGE_CASES = {
     "resnet32": (10, 3, 16),
     "resnet56": (10, 3, 8),
     "vgg-small": (10, 3, 8),
+    "mobilenetv2": (10, 3, 8),
 }
 
 
@@ -130,3 +131,43 @@ def test_models_run_under_int8(name: str) -> None:
     out = model(x)
     out.float().sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_mobilenetv2_structure() -> None:
+    model = build_model("mobilenetv2", 10, 3, 32)
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    depthwise = [m for m in convs if m.groups > 1]
+    # 17 inverted residual blocks, each with one depthwise 3x3 conv over all its channels.
+    assert len(depthwise) == 17
+    assert all(m.groups == m.in_channels == m.out_channels and m.kernel_size == (3, 3) for m in depthwise)
+    assert convs[0].stride == (1, 1)  # CIFAR stem: no downsampling of 32x32 inputs
+    assert sum(isinstance(m, nn.ReLU6) for m in model.modules()) == 1 + 2 * 17 - 1 + 1  # first block has no expansion
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in model.modules()) == len(convs)
+    assert model.classifier.in_features == 1280
+
+
+def test_mobilenetv2_forward_backward_int8() -> None:
+    """Forward/backward shapes in float, then the same after prepare_ with the int8 conv kernels counted."""
+    import inttrain
+    from inttrain.kernels import int_kernel_calls, reset_kernel_calls
+
+    torch.manual_seed(0)
+    model = build_model("mobilenetv2", 10, 3, 8, width_mult=0.25)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    out = model(x)
+    assert out.shape == (2, 10)
+    out.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters())
+
+    inttrain.prepare_(model, "int8")
+    model.zero_grad(set_to_none=True)
+    reset_kernel_calls()
+    out = model(x)
+    assert out.shape == (2, 10) and torch.isfinite(out).all()
+    out.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    calls = int_kernel_calls()
+    n_convs = sum(1 for m in model.modules() if type(m).__name__ == "QConv2d")
+    assert n_convs == 1 + 17 * 3 - 1 + 1  # every conv converted, depthwise ones included
+    assert calls.get("conv_fwd", 0) >= n_convs and calls.get("conv_wgrad", 0) >= n_convs, calls

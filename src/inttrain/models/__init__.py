@@ -13,6 +13,7 @@ from torch import nn
 from .gpt import GPT, GPTConfig, gpt_small
 from .lenet import LeNet5
 from .mlp import MLP
+from .mobilenet import MobileNetV2
 from .resnet import RESNET_DEPTHS, CifarResNet
 from .small_cnn import SmallCNN
 from .vgg import VGGSmall
@@ -25,6 +26,7 @@ __all__ = [
     "SmallCNN",
     "CifarResNet",
     "VGGSmall",
+    "MobileNetV2",
     "GPT",
     "GPTConfig",
     "gpt_small",
@@ -57,6 +59,8 @@ _REGISTRY: dict[str, _Factory] = {
     "small-cnn": lambda n, c, s, **kw: SmallCNN(n, c, s, **kw),
     **{name: _resnet(depth) for name, depth in RESNET_DEPTHS.items()},
     "vgg-small": lambda n, c, s, **kw: VGGSmall(n, c, s, **kw),
+    # Global pooling: any image size works (stride-1 stem, tuned for 32x32).
+    "mobilenetv2": lambda n, c, s, **kw: MobileNetV2(n, c, **kw),
     "gpt-small": _gpt,
 }
 
@@ -68,7 +72,7 @@ def build_model(name: str, num_classes: int, in_channels: int, image_size: int, 
     """Build model ``name`` for inputs [N, in_channels, image_size, image_size].
 
     ``overrides`` are passed to the model's constructor (e.g. ``widths=(256,)``
-    for ``mlp``, ``d_model=128`` for ``gpt-small``). For ``gpt-small``,
+    for ``mlp``, ``width_mult=0.5`` for ``mobilenetv2``, ``d_model=128`` for ``gpt-small``). For ``gpt-small``,
     ``num_classes`` is the vocabulary size and ``image_size`` the sequence length.
     Raises ValueError for an unknown name, listing the allowed ones.
     """
