@@ -6,7 +6,7 @@ bit for bit (see :mod:`inttrain.kernels.conv_reference`, the oracle).
 
 Kernels
 -------
-* Forward and input gradient run on oneDNN's int8 convolution
+* On CPU, forward and input gradient run on oneDNN's int8 convolution
   (``torch.ops.onednn.qconv_pointwise``, AMX / VNNI brgemm).  It only takes
   *unsigned* activations, so signed int8 codes go in as ``uint8 = int8 + 128``
   (a sign-bit flip) with zero point 128; oneDNN subtracts ``128 * sum(w)`` itself.
@@ -26,6 +26,8 @@ Kernels
   partials are summed in int64.  Stride 1 uses "shifted GEMMs" on a padded NHWC
   grid (no im2col); other strides use a per-chunk im2col.
 
+Other devices (CUDA) take :mod:`.conv_generic`: im2col + ``torch._int_mm``, exact, slower.
+
 ``*_u8`` variants accept the already shifted uint8 codes: the activation / gradient
 quantizer can emit ``q + 128`` as uint8 directly and save the shifting pass.
 """
@@ -38,6 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import conv_generic
+from .conv_geometry import ConvGeometry
 from .counters import count
 
 __all__ = [
@@ -54,14 +58,6 @@ _ZP = 128  # zero point of the shifted codes: uint8 = int8 + 128
 _F32_EXACT = 1 << 24  # integers up to 2^24 are exact in float32
 _INT32_MAX = (1 << 31) - 1
 _MAX_PRODUCT = 128 * 128  # largest |int8 * int8|
-
-
-@dataclass(frozen=True)
-class ConvGeometry:
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
-    groups: int
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -96,14 +92,10 @@ def _scalar(scale: Tensor) -> float:
     return float(scale.reshape(()).item())
 
 
-def _check_cpu(*tensors: Tensor) -> None:
-    # oneDNN's int8 conv and these buffers are CPU-only; a CUDA path (im2col +
-    # torch._int_mm with K, N padded to multiples of 8) is not implemented yet.
-    if any(t.device.type != "cpu" for t in tensors):
-        raise NotImplementedError(
-            "inttrain int8 Conv2d kernels run on CPU only so far; on other devices keep convolutions in float"
-            " with prepare_(model, ..., filter_fn=lambda m, name: not isinstance(m, torch.nn.Conv2d))"
-        )
+def _on_cpu(*tensors: Tensor) -> bool:
+    # oneDNN's int8 convolution and these buffers are CPU-only; other devices take the
+    # device-generic im2col + torch._int_mm path (conv_generic).
+    return all(t.device.type == "cpu" for t in tensors)
 
 
 def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -219,8 +211,9 @@ def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor,
     The activation quantizer can emit these directly (round, clamp, add 128, cast
     to uint8), which saves the shifting pass of :func:`conv2d_forward`.
     """
-    _check_cpu(xu8, wq)
     count("conv_fwd")
+    if not _on_cpu(xu8, wq):
+        return conv_generic.conv2d_forward(xu8, x_scale, wq, w_scale, geom)
     co = wq.shape[0]
     return _qconv_exact(
         _channels_last_u8(xu8), _scalar(x_scale), wq.contiguous(), _scale_vector(w_scale, co),
@@ -345,8 +338,9 @@ def conv2d_input_grad_u8(
     The gradient quantizer can emit these directly and save the shifting pass.
     ``w_scale`` is per input channel (length Cin) or a single element.
     """
-    _check_cpu(gu8, wq)
     count("conv_dgrad")
+    if not _on_cpu(gu8, wq):
+        return conv_generic.conv2d_input_grad(gu8, g_scale, wq, w_scale, input_shape, geom)
     n, cin, h, w = (int(v) for v in input_shape)
     if n == 0:
         return torch.empty((0, cin, h, w), dtype=torch.float32, memory_format=torch.channels_last)
@@ -487,8 +481,9 @@ def conv2d_weight_grad(
     shifted uint8 codes ``q + 128`` that :func:`conv2d_forward_u8` consumed, so the
     forward pass's codes serve here without another pass.
     """
-    _check_cpu(gq, xq)
     count("conv_wgrad")
+    if not _on_cpu(gq, xq):
+        return conv_generic.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
     co, cig, k_h, k_w = (int(v) for v in weight_shape)
     n, cin, h, w = xq.shape
     ho, wo = gq.shape[2], gq.shape[3]

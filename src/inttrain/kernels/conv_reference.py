@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from inttrain.kernels.conv import ConvGeometry
+from .conv_geometry import ConvGeometry
 
 __all__ = ["ConvGeometry", "conv2d_forward", "conv2d_input_grad", "conv2d_weight_grad"]
 
