@@ -203,16 +203,6 @@ def conv_rows(conv_ok: bool) -> list[tuple[Row, Callable[[], dict[str, Variant]]
     return rows
 
 
-def _inplace_relu_ok() -> bool:
-    """Whether an int8 Linear followed by nn.ReLU(inplace=True) can be trained (autograd view check)."""
-    layer = _int8(nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True)))
-    try:
-        layer(torch.randn(4, 8)).sum().backward()
-    except RuntimeError:
-        return False
-    return True
-
-
 def mlp_rows(conv_ok: bool) -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
     batch = 512
     row = Row("mlp", "MLP train step", f"784-1024-1024-1024-10, batch {batch}", 2.5)
@@ -220,15 +210,6 @@ def mlp_rows(conv_ok: bool) -> list[tuple[Row, Callable[[], dict[str, Variant]]]
     def make() -> dict[str, Variant]:
         torch.manual_seed(0)
         base = build_model("mlp", 10, 1, 28)
-        # Out-of-place ReLU in all three variants: inttrain's linear Function returns a view of its
-        # output, which autograd refuses to let nn.ReLU(inplace=True) modify (a library bug; see
-        # benchmarks/README.md).  Costs fp32/bf16 one extra activation-sized allocation per layer.
-        if not _inplace_relu_ok():
-            row.note = ("MLP: ReLUs made out-of-place in all variants (int8 Linear output + nn.ReLU(inplace=True) "
-                        "raises 'Output 0 of _IntLinearFn is a view and is being modified inplace')")
-            for m in base.modules():
-                if isinstance(m, nn.ReLU):
-                    m.inplace = False
         state = copy.deepcopy(base.state_dict())
         g = torch.Generator().manual_seed(0)
         x = torch.randn(batch, 1, 28, 28, generator=g)

@@ -1,7 +1,8 @@
 """Integer kernels: exact references (test oracles) and fast paths, chosen once per device.
 
 - :mod:`.matmul`: int8/int16 GEMMs on ``torch._int_mm`` (oneDNN VNNI/AMX on x86 CPUs, cuBLASLt on CUDA).
-- :mod:`.conv`: int8 convolution forward / input-gradient / weight-gradient (oneDNN int8 conv + GEMMs).
+- :mod:`.conv`: int8 convolution forward / input-gradient / weight-gradient (oneDNN int8 conv + GEMMs on CPU),
+  :mod:`.conv_generic` (im2col + GEMM, any device) and :mod:`.conv_reference` (the exact oracle).
 - :mod:`.fused`: the quantize and dequantize passes around them, fused with ``torch.compile``.
 """
 
@@ -22,14 +23,15 @@ def describe() -> dict[str, str]:
 
     from .fused import compile_enabled
 
-    cpu_int = "torch._int_mm (oneDNN int8)" if has_int_mm("cpu") else "int64 reference (slow, exact)"
+    cpu_int = "torch._int_mm (oneDNN int8 GEMM)" if has_int_mm("cpu") else "int64 reference (slow, exact)"
     info = {
         "linear (cpu)": cpu_int,
-        "conv2d forward (cpu)": "oneDNN int8 qconv (uint8 activations, zero point 128)",
-        "conv2d grads (cpu)": "oneDNN int8 qconv / torch._int_mm shifted GEMMs",
+        "conv2d forward/input grad (cpu)": "oneDNN int8 convolution (uint8 activations, zero point 128)",
+        "conv2d weight grad (cpu)": "torch._int_mm: shifted GEMMs (<= 16 in-channels) or im2col per batch chunk",
         "quantize/epilogue fusion": "torch.compile" if compile_enabled() else "eager (INTTRAIN_COMPILE=0)",
         "cpu capability": str(torch.backends.cpu.get_cpu_capability()),
     }
     if torch.cuda.is_available():
-        info["linear (cuda)"] = "torch._int_mm (cuBLASLt int8 tensor cores)"
+        info["linear (cuda)"] = "torch._int_mm (cuBLASLt int8, zero-padded to its shape rules)"
+        info["conv2d (cuda)"] = "im2col + torch._int_mm (exact, device-generic path)"
     return info
