@@ -72,9 +72,9 @@ def env() -> None:
 
 @app.command("train")
 def train_cmd(
-    model: Annotated[Optional[str], typer.Option(help="mlp, lenet5, small-cnn, resnet20, resnet32, resnet56, vgg-small. [default: small-cnn]")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="digits, synthetic, npz, mnist, fashion-mnist, cifar10, folder. [default: digits]")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Data file or folder (mnist: idx files; cifar10: cifar-10-batches-bin; folder: one sub-folder per class; npz).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="mlp, lenet5, small-cnn, resnet20, resnet32, resnet56, vgg-small, mobilenetv2, gpt-small (with --dataset text). [default: small-cnn]")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="digits, synthetic, npz, mnist, fashion-mnist, cifar10, folder, text. [default: digits]")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", "--data-path", help="Data file or folder (mnist: idx files; cifar10: cifar-10-batches-bin or -py; folder: one sub-folder per class; npz; text: a UTF-8 file).")] = None,
     recipe: Annotated[Optional[str], typer.Option(help="fp32, bf16, or an inttrain recipe such as int8. [default: fp32]")] = None,
     bits: Annotated[Optional[int], typer.Option(help="Override the integer recipe's bit width.")] = None,
     epochs: Annotated[Optional[int], typer.Option(help="Number of epochs. [default: 5]")] = None,
@@ -85,6 +85,7 @@ def train_cmd(
     threads: Annotated[Optional[int], typer.Option(help="CPU threads (default: torch's choice).")] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many steps (resumable).")] = None,
     log_every: Annotated[Optional[int], typer.Option(help="Steps between metrics rows. [default: 10]")] = None,
+    seq_len: Annotated[Optional[int], typer.Option(help="Text dataset: characters of context per sequence. [default: 64]")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Run folder [default: runs/<model>-<recipe>-<timestamp>].")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of run settings (flags override it).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="key=value override of a config key (repeatable).")] = None,
@@ -95,7 +96,7 @@ def train_cmd(
 
     flags = dict(model=model, dataset=dataset, data_dir=data_dir, recipe=recipe, bits=bits, epochs=epochs,
                  batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads,
-                 max_steps=max_steps, log_every=log_every)
+                 max_steps=max_steps, log_every=log_every, seq_len=seq_len)
     cfg = resolve_config(config, list(set_ or []), flags)
     code = start_run(cfg, out)
     if code:

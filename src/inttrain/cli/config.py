@@ -37,6 +37,12 @@ class RunConfig:
     max_steps: int | None = None  # stop (resumably) after this many steps
     log_every: int = 10  # steps between metrics rows
     max_consecutive_skips: int = 10
+    val_fraction: float | None = None  # held out when the data has no test split (None: 0.2; text: 0.1)
+    # Text / gpt-small only: context length and model size (None: gpt-small's benchmark defaults).
+    seq_len: int = 64
+    d_model: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
 
 
 _HINTS = typing.get_type_hints(RunConfig)

@@ -1,4 +1,4 @@
-"""``inttrain eval CKPT_OR_RUN_DIR``: validation accuracy of a saved checkpoint.
+"""``inttrain eval CKPT_OR_RUN_DIR``: validation accuracy (language models: loss, perplexity, accuracy) of a checkpoint.
 
 The model, recipe and data come from the config stored in the checkpoint, so
 an evaluation needs nothing but the path (``--dataset`` / ``--data-dir``
@@ -32,7 +32,9 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def run_eval(path: Path, dataset: str | None, data_dir: Path | None, threads: int | None) -> float:
-    from inttrain.trainer import CheckpointError, evaluate, load_checkpoint
+    import math
+
+    from inttrain.trainer import CheckpointError, evaluate_metrics, load_checkpoint
 
     from .run import prepare_run
 
@@ -58,6 +60,11 @@ def run_eval(path: Path, dataset: str | None, data_dir: Path | None, threads: in
 
     import torch
 
-    acc = evaluate(p.model, DataLoader(p.splits.val, batch_size=256), cfg.recipe, torch.device("cpu"))
-    typer.echo(f"val_acc {acc:.4f} ({len(p.splits.val)} images of {cfg.dataset}, {p.splits.val_source}; {weights_path})")
+    loss, acc = evaluate_metrics(p.model, DataLoader(p.splits.val, batch_size=256), cfg.recipe, torch.device("cpu"))
+    if p.splits.task == "lm":
+        ppl = math.exp(loss) if loss < 700 else math.inf  # exp overflows a float past ~709
+        typer.echo(f"val_loss {loss:.4f} val_ppl {ppl:.2f} val_acc {acc:.4f} ({len(p.splits.val)} sequences of "
+                   f"{p.splits.image_size} characters, {p.splits.val_source}; {weights_path})")
+    else:
+        typer.echo(f"val_acc {acc:.4f} ({len(p.splits.val)} images of {cfg.dataset}, {p.splits.val_source}; {weights_path})")
     return acc

@@ -57,6 +57,8 @@ def plot_run(run_dir: Path) -> list[Path]:
     ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=1, label="train loss (step)")
     ax.plot([r["step"] for r in epochs if r["loss"] is not None],
             [r["loss"] for r in epochs if r["loss"] is not None], "o-", label="train loss (epoch mean)")
+    val = [r for r in epochs if r.get("val_loss") is not None]  # absent in runs from before the column existed
+    ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "s--", label="val loss")
     ax.set(xlabel="step", ylabel="loss", title=f"{run_dir.name}: loss")
     ax.legend()
     save(fig, "loss.png")

@@ -18,7 +18,11 @@ import typer
 from .config import RunConfig, config_from_dict
 from .errors import UsageProblem, check_choice
 
-__all__ = ["Prepared", "prepare_run", "run_training", "default_out", "resume_run"]
+__all__ = ["Prepared", "prepare_run", "run_training", "default_out", "resume_run", "model_overrides"]
+
+#: Models that read token ids, and the datasets that provide them.
+LM_MODELS = ("gpt-small",)
+LM_DATASETS = ("text",)
 
 
 @dataclasses.dataclass
@@ -69,13 +73,32 @@ def validate_config(cfg: RunConfig) -> Any:
     check_choice("--optimizer", cfg.optimizer, OPTIMIZER_NAMES)
     _check_recipe(cfg.recipe, field="--recipe")
     _check_positive(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, threads=cfg.threads,
-                    max_steps=cfg.max_steps, log_every=cfg.log_every, max_consecutive_skips=cfg.max_consecutive_skips)
-    if cfg.model == "gpt-small":
-        raise UsageProblem("--model", "'gpt-small' needs a text dataset, which `train` does not load yet; use an image model")
+                    max_steps=cfg.max_steps, log_every=cfg.log_every, max_consecutive_skips=cfg.max_consecutive_skips,
+                    seq_len=cfg.seq_len)
+    for key in ("d_model", "n_layers", "n_heads"):  # config-only keys: name them as --set takes them
+        value = getattr(cfg, key)
+        if value is not None and value < 1:
+            raise UsageProblem(f"--set {key}", f"{value} must be > 0")
+    if cfg.val_fraction is not None and not 0 < cfg.val_fraction < 1:
+        raise UsageProblem("--set val_fraction", f"{cfg.val_fraction} must be strictly between 0 and 1")
+    # Token ids and images are not interchangeable: the language model and the text data go together.
+    if (cfg.model in LM_MODELS) != (cfg.dataset in LM_DATASETS):
+        if cfg.model in LM_MODELS:
+            raise UsageProblem("--dataset", f"{cfg.dataset!r}: model {cfg.model!r} is a language model and needs "
+                                            "--dataset text (a UTF-8 text file as --data-dir)")
+        raise UsageProblem("--model", f"{cfg.model!r}: dataset 'text' is token sequences; use --model gpt-small")
     if cfg.data_dir is not None and not Path(cfg.data_dir).exists():
-        where = "an .npz file" if cfg.dataset == "npz" else f"a file or folder with the {cfg.dataset} data"
+        where = {"npz": "an .npz file", "text": "a UTF-8 text file"}.get(
+            cfg.dataset, f"a file or folder with the {cfg.dataset} data")
         raise UsageProblem("--data-dir", f"{cfg.data_dir!r} does not exist; expected {where}")
     return recipe_config_for(cfg.recipe, cfg.bits)
+
+
+def model_overrides(cfg: RunConfig) -> dict[str, int]:
+    """Constructor arguments from the config (gpt-small's size; unset ones keep the model's defaults)."""
+    if cfg.model not in LM_MODELS:
+        return {}
+    return {k: v for k, v in dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads).items() if v is not None}
 
 
 def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
@@ -90,17 +113,20 @@ def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     try:
-        splits = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+        splits = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_fraction, seed=cfg.seed, seq_len=cfg.seq_len)
     except DataError as e:
         raise UsageProblem(f"--dataset {cfg.dataset}", str(e)) from e
+    shape = (
+        f"vocabulary {splits.num_classes}, sequences of {splits.image_size}" if splits.task == "lm"
+        else f"{splits.num_classes} classes, {splits.in_channels}x{splits.image_size}x{splits.image_size}"
+    )
     echo(
         f"{cfg.model} on {cfg.dataset}: {len(splits.train)} train / {len(splits.val)} val ({splits.val_source}), "
-        f"{splits.num_classes} classes, {splits.in_channels}x{splits.image_size}x{splits.image_size}; recipe {cfg.recipe}"
-        + (f" ({cfg.bits} bits)" if cfg.bits is not None else "")
+        f"{shape}; recipe {cfg.recipe}" + (f" ({cfg.bits} bits)" if cfg.bits is not None else "")
     )
     torch.manual_seed(cfg.seed)
     try:
-        model = build_model(cfg.model, splits.num_classes, splits.in_channels, splits.image_size)
+        model = build_model(cfg.model, splits.num_classes, splits.in_channels, splits.image_size, **model_overrides(cfg))
     except ValueError as e:
         raise UsageProblem("--model", f"{cfg.model!r} does not fit dataset {cfg.dataset!r}: {e}") from e
     try:
@@ -151,8 +177,12 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None) -> int:
         folder.log(f"interrupted by signal {got[0]}: saved {folder.checkpoint('last')[0]}; "
                    f"continue with `inttrain resume {folder.root}`")
         return exit_code_for(got[0])
+    quality = f"val_acc {result.val_accuracy:.4f}"
+    if p.splits.task == "lm":
+        ppl = result.epochs[-1].val_perplexity if result.epochs else float("nan")
+        quality = f"val_loss {result.val_loss:.4f}, val_ppl {ppl:.2f}, {quality}"
     folder.log(
-        f"done: val_acc {result.val_accuracy:.4f}, {result.time_per_step * 1e3:.2f} ms/step (median), "
+        f"done: {quality}, {result.time_per_step * 1e3:.2f} ms/step (median), "
         f"{result.steps} steps, {result.skipped_steps} skipped"
         + (f"; stopped early ({result.stopped}), continue with `inttrain resume {folder.root}`" if result.stopped else "")
     )
@@ -183,6 +213,8 @@ def write_summary(root: Path, cfg: RunConfig, result: Any) -> None:
         "bits": cfg.bits,
         "val_accuracy": num(result.val_accuracy),
         "best_val_accuracy": num(max(result.val_accuracies, default=math.nan)),
+        "val_loss": num(result.val_loss),
+        "val_perplexity": num(result.epochs[-1].val_perplexity) if result.epochs else None,
         "epochs": len(result.epochs),
         "steps": result.steps,
         "skipped_steps": result.skipped_steps,

@@ -3,7 +3,8 @@
 Available: ``digits`` (default; bundled with scikit-learn, offline),
 ``synthetic`` (seeded Gaussian blobs), ``npz`` (any .npz), ``mnist`` /
 ``fashion-mnist`` (official idx files or an .npz), ``cifar10`` (the official
-binary batches or an .npz) and ``folder`` (one sub-folder of images per class). Every dataset is
+binary batches or an .npz), ``folder`` (one sub-folder of images per class)
+and ``text`` (a UTF-8 file for character-level language models). Every dataset is
 validated before training; problems raise :class:`DataError`.
 """
 
@@ -21,6 +22,7 @@ from .mnist import MNIST_LAYOUT, load_mnist_arrays
 from .npz import load_npz_arrays, resolve_npz_path
 from .splits import DatasetSplits, make_splits
 from .synthetic import make_synthetic_arrays
+from .text import load_text_splits
 from .validate import ImageLayout, validate
 
 __all__ = ["DATASET_NAMES", "DataError", "DatasetSplits", "RawArrays", "load_dataset", "splits_from_arrays"]
@@ -38,7 +40,10 @@ _LOADERS: dict[str, tuple[_Loader, ImageLayout | None]] = {
 }
 
 #: Names accepted by :func:`load_dataset`.
-DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
+DATASET_NAMES: tuple[str, ...] = (*_LOADERS, "text")
+
+#: Default held-out fraction when a source has no test split (text: the end of the file).
+DEFAULT_VAL_FRACTION = {"text": 0.1}
 
 
 def splits_from_arrays(
@@ -50,16 +55,25 @@ def splits_from_arrays(
 
 
 def load_dataset(
-    name: str, data_dir: str | Path | None = None, val_fraction: float = 0.2, seed: int = 0
+    name: str,
+    data_dir: str | Path | None = None,
+    val_fraction: float | None = None,
+    seed: int = 0,
+    seq_len: int = 64,
 ) -> DatasetSplits:
     """Load, validate and split dataset ``name``.
 
     ``data_dir`` is the data folder (idx files, cifar-10-batches-bin, class
-    sub-folders) or .npz file for the file-backed datasets; ``seed`` fixes the train/val split (and the
+    sub-folders), .npz file or text file for the file-backed datasets; ``seed`` fixes the train/val split (and the
     synthetic data). If the source has a test split, it is the val set and
-    ``val_fraction`` is unused. Raises ValueError for an unknown name and
-    :class:`DataError` for bad data.
+    ``val_fraction`` (default 0.2; text: 0.1 from the end of the file) is unused.
+    ``seq_len`` is the text dataset's context length. Raises ValueError for an
+    unknown name and :class:`DataError` for bad data.
     """
+    if val_fraction is None:
+        val_fraction = DEFAULT_VAL_FRACTION.get(name, 0.2)
+    if name == "text":  # token sequences, not images: its own validation and splitting
+        return load_text_splits(data_dir, seq_len, val_fraction)
     try:
         loader, expect = _LOADERS[name]
     except KeyError:

@@ -21,7 +21,12 @@ __all__ = ["DatasetSplits", "make_splits"]
 
 @dataclass
 class DatasetSplits:
-    """Train/val datasets of (image float32 [C,H,W], label int64) pairs."""
+    """Train/val datasets of (image float32 [C,H,W], label int64) pairs.
+
+    For ``task == "lm"`` (the text dataset) the pairs are (ids [T], next ids [T]),
+    ``num_classes`` is the vocabulary size, ``image_size`` the sequence length
+    and ``vocab`` the characters by id.
+    """
 
     name: str
     train: TensorDataset
@@ -33,6 +38,8 @@ class DatasetSplits:
     val_source: str = ""  # "test split" or "held-out fraction of train"
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
+    task: str = "classification"  # or "lm": next-token prediction, scored per token
+    vocab: str = ""
 
 
 def _to_nchw_float(x: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ from .loop import (
     TrainState,
     build_optimizer,
     evaluate,
+    evaluate_metrics,
     train,
 )
 from .checkpoint import CheckpointError, checkpoint_paths, load_checkpoint, save_checkpoint
@@ -31,6 +32,7 @@ __all__ = [
     "apply_recipe",
     "build_optimizer",
     "evaluate",
+    "evaluate_metrics",
     "get_prepare",
     "train",
 ]

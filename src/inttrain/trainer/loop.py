@@ -35,6 +35,7 @@ __all__ = [
     "NonFiniteLossError",
     "build_optimizer",
     "evaluate",
+    "evaluate_metrics",
     "train",
 ]
 
@@ -50,6 +51,17 @@ class EpochStats:
     skipped: int
     seconds: float  # wall time of the epoch's training steps
     time_per_step: float  # mean seconds per step within the epoch
+    # Mean cross-entropy on the val split (per token for language models); a
+    # default so checkpoints written before it existed still load.
+    val_loss: float = math.nan
+
+    @property
+    def val_perplexity(self) -> float:
+        """exp(val_loss): the language-model figure (inf if the loss overflows it)."""
+        try:
+            return math.exp(self.val_loss)
+        except OverflowError:
+            return math.inf
 
 
 @dataclass
@@ -68,6 +80,7 @@ class TrainState:
     epoch_times: list[float] = field(default_factory=list)
     epoch_skipped: int = 0
     best_val_accuracy: float = -math.inf
+    best_val_loss: float = math.inf
     step_times: list[float] = field(default_factory=list)
     history: list[EpochStats] = field(default_factory=list)
 
@@ -105,6 +118,10 @@ class RunResult:
     def val_accuracy(self) -> float:
         return self.epochs[-1].val_accuracy if self.epochs else float("nan")
 
+    @property
+    def val_loss(self) -> float:
+        return self.epochs[-1].val_loss if self.epochs else float("nan")
+
 
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive non-finite losses; ``result`` holds the partial run."""
@@ -132,19 +149,27 @@ def _loss(logits: Tensor, target: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, recipe: str, device: torch.device) -> float:
-    """Top-1 accuracy (per token for [B, T, V] outputs)."""
+def evaluate_metrics(model: nn.Module, loader: DataLoader, recipe: str, device: torch.device) -> tuple[float, float]:
+    """(mean cross-entropy, top-1 accuracy), both per token for [B, T, V] outputs."""
     was_training = model.training
     model.eval()
     correct = total = 0
+    loss_sum = 0.0
     for x, y in loader:
         x, y = x.to(device), y.to(device)
         with autocast_for(recipe, device):
             logits = model(x)
         correct += int((logits.argmax(-1) == y).sum())
+        # Summed, then divided once: batches of different sizes weigh by their token count.
+        loss_sum += float(_loss(logits, y) * y.numel())
         total += y.numel()
     model.train(was_training)
-    return correct / max(total, 1)
+    return loss_sum / max(total, 1), correct / max(total, 1)
+
+
+def evaluate(model: nn.Module, loader: DataLoader, recipe: str, device: torch.device) -> float:
+    """Top-1 accuracy (per token for [B, T, V] outputs)."""
+    return evaluate_metrics(model, loader, recipe, device)[1]
 
 
 class TrainHooks:
@@ -247,6 +272,7 @@ def train(
         state = TrainState.from_dict(saved["train_state"])
 
     n = len(splits.train)
+    lm = splits.task == "lm"
     # Full batches only (every step the same shape: comparable step times, no
     # 1-sample BatchNorm batches); reshuffling means no sample is lost for good.
     batches = n // batch_size if n >= batch_size else 1
@@ -335,25 +361,34 @@ def train(
         finally:
             bar.close()
         losses, times = state.epoch_losses, state.epoch_times
+        val_loss, val_accuracy = evaluate_metrics(model, val_loader, recipe, dev)
         stats = EpochStats(
             epoch=epoch,
             train_loss=sum(losses) / len(losses) if losses else math.nan,
-            val_accuracy=evaluate(model, val_loader, recipe, dev),
+            val_accuracy=val_accuracy,
             steps=len(times),
             skipped=state.epoch_skipped,
             seconds=sum(times),
             time_per_step=sum(times) / len(times) if times else math.nan,
+            val_loss=val_loss,
         )
         state.history.append(stats)
         state.epoch, state.position = epoch, 0
         hooks.on_epoch(state, stats, opt.param_groups[0]["lr"])
+        # A language model is judged by its loss (perplexity); next-token accuracy is secondary.
+        quality = (
+            f"val_loss {stats.val_loss:.4f}  val_ppl {stats.val_perplexity:.2f}  val_acc {stats.val_accuracy:.4f}"
+            if lm else f"val_acc {stats.val_accuracy:.4f}"
+        )
         log(
-            f"epoch {epoch}/{epochs}  train_loss {stats.train_loss:.4f}  val_acc {stats.val_accuracy:.4f}  "
+            f"epoch {epoch}/{epochs}  train_loss {stats.train_loss:.4f}  {quality}  "
             f"{stats.time_per_step * 1e3:.2f} ms/step  steps {stats.steps}"
             + (f"  skipped {stats.skipped}" if stats.skipped else "")
         )
-        if stats.val_accuracy > state.best_val_accuracy:
-            state.best_val_accuracy = stats.val_accuracy
+        improved = stats.val_loss < state.best_val_loss if lm else stats.val_accuracy > state.best_val_accuracy
+        state.best_val_accuracy = max(state.best_val_accuracy, stats.val_accuracy)
+        state.best_val_loss = min(state.best_val_loss, stats.val_loss)
+        if improved:
             hooks.save("best", snapshot)
         hooks.save("last", snapshot)
         if hooks.should_stop():

@@ -23,7 +23,8 @@ from .loop import EpochStats, TrainHooks, TrainState
 
 __all__ = ["RunFolder", "METRIC_FIELDS", "read_metrics", "write_yaml_atomic"]
 
-METRIC_FIELDS = ("kind", "step", "epoch", "loss", "val_accuracy", "lr", "time_per_step")
+# val_loss / val_perplexity were appended last so readers of older files keep their column order.
+METRIC_FIELDS = ("kind", "step", "epoch", "loss", "val_accuracy", "lr", "time_per_step", "val_loss", "val_perplexity")
 
 
 def write_yaml_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -101,6 +102,8 @@ class RunFolder(TrainHooks):
                 "val_accuracy": None,
                 "lr": lr,
                 "time_per_step": sum(times) / len(times),
+                "val_loss": None,
+                "val_perplexity": None,
             })
 
     def on_epoch(self, state: TrainState, stats: EpochStats, lr: float) -> None:
@@ -112,6 +115,8 @@ class RunFolder(TrainHooks):
             "val_accuracy": stats.val_accuracy,
             "lr": lr,
             "time_per_step": _finite_or_none(stats.time_per_step),
+            "val_loss": _finite_or_none(stats.val_loss),
+            "val_perplexity": _finite_or_none(stats.val_perplexity),
         })
 
     def save(self, name: str, snapshot: Callable[[], tuple[dict[str, Tensor], dict[str, Any]]]) -> None:
