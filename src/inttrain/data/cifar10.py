@@ -1,9 +1,12 @@
-"""CIFAR-10: the official binary version (``cifar-10-batches-bin``), or an .npz.
+"""CIFAR-10: the official binary (``cifar-10-batches-bin``) or python (``cifar-10-batches-py``) version, or an .npz.
 
 Binary records are 3073 bytes: one label byte, then 32x32 red, green and
 blue planes. ``data_dir`` may be the ``cifar-10-batches-bin`` folder or its
 parent; ``data_batch_*.bin`` are the training set and ``test_batch.bin`` (if
-present) the validation set. An .npz holds uint8 images (N, 32, 32, 3).
+present) the validation set. The python version (pickles, read without
+executing anything: see :mod:`.cifar10_py`) is found the same way as
+``cifar-10-batches-py/data_batch_1..5`` + ``test_batch``. An .npz holds uint8
+images (N, 32, 32, 3).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .arrays import RawArrays
+from .cifar10_py import find_py_batches, read_cifar_py
 from .errors import DataError
 from .npz import load_npz_arrays, resolve_npz_path
 
@@ -60,9 +64,18 @@ def load_cifar10_arrays(data_dir: str | Path | None) -> RawArrays:
             test = folder / "test_batch.bin"
             x_test, y_test = read_cifar_bin(test) if test.is_file() else (None, None)
             return RawArrays(f"cifar10 bin ({folder})", x, y, x_test, y_test, num_classes=10)
+        folder = find_py_batches(Path(data_dir))
+        if folder is not None:
+            batches = sorted(p for p in folder.glob("data_batch_*") if p.suffix == "")
+            parts = [read_cifar_py(p) for p in batches]
+            x = np.concatenate([p[0] for p in parts])
+            y = np.concatenate([p[1] for p in parts])
+            test = folder / "test_batch"
+            x_test, y_test = read_cifar_py(test) if test.is_file() else (None, None)
+            return RawArrays(f"cifar10 python ({folder})", x, y, x_test, y_test, num_classes=10)
         if not (Path(data_dir) / "cifar10.npz").is_file():
             raise DataError(
                 f"{data_dir}: data_dir: no cifar10 data; expected cifar-10-batches-bin/data_batch_*.bin "
-                "(+ test_batch.bin) or cifar10.npz"
+                "(+ test_batch.bin), cifar-10-batches-py/data_batch_* (+ test_batch) or cifar10.npz"
             )
     return load_npz_arrays(resolve_npz_path(data_dir, "cifar10"), num_classes=10)
