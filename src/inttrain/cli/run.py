@@ -165,13 +165,18 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None) -> int:
         got.append(signum)
         folder.stop = True
 
-    with stop_on_signals(on_stop):
-        result = train(
-            p.model, p.splits, cfg.recipe, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-            optimizer=cfg.optimizer, seed=cfg.seed, log=folder.log, max_consecutive_skips=cfg.max_consecutive_skips,
-            recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
-            resume_from=resume_from,
-        )
+    # Resume: TensorBoard drops what the interrupted leg logged after its checkpoint.
+    folder.open_tensorboard(None if resume_from is None else int(resume_from[1]["train_state"]["step"]) + 1)
+    try:
+        with stop_on_signals(on_stop):
+            result = train(
+                p.model, p.splits, cfg.recipe, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                optimizer=cfg.optimizer, seed=cfg.seed, log=folder.log, max_consecutive_skips=cfg.max_consecutive_skips,
+                recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
+                resume_from=resume_from,
+            )
+    finally:
+        folder.close()
     write_summary(folder.root, cfg, result)
     if got:
         folder.log(f"interrupted by signal {got[0]}: saved {folder.checkpoint('last')[0]}; "

@@ -1,4 +1,4 @@
-"""A run folder: config.yaml, metrics.csv/.jsonl, train.log and checkpoints/{last,best}.
+"""A run folder: config.yaml, metrics.csv/.jsonl, train.log, checkpoints/{last,best} (and tb/ with tensorboard).
 
 :class:`RunFolder` is the :class:`~inttrain.trainer.loop.TrainHooks` the CLI
 plugs into ``train()``. Metrics are appended and flushed row by row so a
@@ -20,6 +20,7 @@ from torch import Tensor
 
 from .checkpoint import checkpoint_paths, save_checkpoint
 from .loop import EpochStats, TrainHooks, TrainState
+from .tensorboard import TensorBoardScalars
 
 __all__ = ["RunFolder", "METRIC_FIELDS", "read_metrics", "write_yaml_atomic"]
 
@@ -56,6 +57,7 @@ class RunFolder(TrainHooks):
         self.checkpoints = self.root / "checkpoints"
         self.stop = False
         self._step_times: list[float] = []
+        self.tb: TensorBoardScalars | None = None
 
     # ------------------------------------------------------------------ files
     def create(self) -> None:
@@ -78,6 +80,14 @@ class RunFolder(TrainHooks):
             w.writerow(METRIC_FIELDS)
             w.writerows([["" if r.get(k) is None else r[k] for k in METRIC_FIELDS] for r in rows])
 
+    def open_tensorboard(self, purge_step: int | None = None) -> None:
+        """Start mirroring rows to ``tb/`` (if tensorboard is installed); ``purge_step`` on resume."""
+        self.tb = TensorBoardScalars(self.root / "tb", purge_step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
     def log(self, line: str) -> None:
         self.echo(line)
         with open(self.root / "train.log", "a") as f:
@@ -88,6 +98,8 @@ class RunFolder(TrainHooks):
             f.write(json.dumps(row) + "\n")
         with open(self.root / "metrics.csv", "a", newline="") as f:
             csv.writer(f).writerow(["" if row.get(k) is None else row[k] for k in METRIC_FIELDS])
+        if self.tb is not None:
+            self.tb.row(row)
 
     # ------------------------------------------------------------------ hooks
     def on_step(self, state: TrainState, loss: float | None, lr: float, seconds: float) -> None:
