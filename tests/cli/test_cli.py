@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from inttrain.cli.app import main
-from inttrain.trainer import get_prepare
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -32,6 +31,7 @@ def test_env() -> None:
     assert r.returncode == 0, r.stderr
     assert "torch" in r.stdout and "cuda available" in r.stdout
     assert "avx512_vnni" in r.stdout or "cpu flags" in r.stdout
+    assert "kernel linear (cpu)" in r.stdout  # inttrain.kernels.describe() is always there
 
 
 def test_bad_model_exits_2_without_traceback() -> None:
@@ -90,8 +90,6 @@ def test_train_prints_epoch_lines(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_demo() -> None:
-    if get_prepare() is None:
-        pytest.skip("inttrain.prepare_ not available yet")
     # Short budget: the first int8 steps pay the kernels' compile time.
     r = _cli("demo", "--epochs", "1", "--batch-size", "128", timeout=300)
     assert r.returncode == 0, r.stderr
@@ -99,3 +97,5 @@ def test_demo() -> None:
     assert "fp32" in table and "int8" in table and "speed vs fp32" in table
     int8_row = next(line for line in table.splitlines() if line.startswith("int8"))
     assert "yes (" in int8_row  # integer kernels really ran
+    fp32_row = next(line for line in table.splitlines() if line.startswith("fp32"))
+    assert fp32_row.rstrip().endswith("no")

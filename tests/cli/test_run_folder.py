@@ -17,7 +17,6 @@ import yaml
 from safetensors.torch import load_file
 
 from inttrain.cli.app import main
-from inttrain.trainer import get_prepare
 
 # digits, batch 64: 1438 train images -> 22 steps per epoch.
 BASE = ["--dataset", "digits", "--batch-size", "64", "--threads", "1", "--log-every", "1"]
@@ -65,8 +64,6 @@ def test_run_folder_files(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("recipe", ["fp32", "int8"])
 def test_resume_is_bit_identical(tmp_path: Path, recipe: str) -> None:
-    if recipe != "fp32" and get_prepare() is None:
-        pytest.skip("inttrain.prepare_ not available")
     a, b = tmp_path / "a", tmp_path / "b"
     # Stop mid-epoch 2 (step 30 of 44): the data position within the epoch must be restored.
     assert _train(a, "--recipe", recipe, "--epochs", "2", "--max-steps", "30") == 0
@@ -111,8 +108,6 @@ def test_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], yaml_
 
 
 def test_bits_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if get_prepare() is None:
-        pytest.skip("inttrain.prepare_ not available")
     assert _train(tmp_path / "r", "--recipe", "int8", "--bits", "40") == 2
     assert _err(capsys) == "error: --bits: unsupported bit width 40: inttrain supports 2 to 16 bits"
     assert _train(tmp_path / "r", "--bits", "6") == 2

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from inttrain.data import DatasetSplits, load_dataset
 from inttrain.models import build_model
-from inttrain.trainer import NonFiniteLossError, RunResult, TrainHooks, get_prepare, train
+from inttrain.trainer import NonFiniteLossError, RunResult, TrainHooks, train
 
 
 @pytest.fixture(autouse=True)
@@ -109,8 +109,6 @@ def test_bad_arguments(digits: DatasetSplits) -> None:
 
 
 def test_int8_recipe_learns_and_is_deterministic(digits: DatasetSplits) -> None:
-    if get_prepare() is None:
-        pytest.skip("inttrain.prepare_ not available yet")
     # One short epoch (big batches): the first int8 run pays the kernels' compile time.
     a = _run(digits, "int8", epochs=1, seed=3, batch_size=64)
     b = _run(digits, "int8", epochs=1, seed=3, batch_size=64)

@@ -56,10 +56,6 @@ def demo(
     rows = run_demo(names, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
     typer.echo("")
     typer.echo(format_table(rows))
-    missing = [r.recipe for r in rows if r.note]
-    if missing:
-        typer.echo(f"error: recipe(s) {', '.join(missing)} could not run: {rows[-1].note}", err=True)
-        raise typer.Exit(1)
 
 
 @app.command()
@@ -223,28 +219,19 @@ def _set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def _allowed_recipes() -> tuple[str, ...] | None:
-    """Recipes this build can run; None when prepare_ exists but cannot list them."""
+def _allowed_recipes() -> tuple[str, ...]:
+    """The trainer's float recipes, then every recipe ``inttrain.prepare_`` knows."""
     import inttrain
 
-    from inttrain.trainer import FLOAT_RECIPES, get_prepare
+    from inttrain.trainer import FLOAT_RECIPES
 
-    if get_prepare() is None:
-        return FLOAT_RECIPES
-    try:
-        extra = tuple(inttrain.recipe_names())
-    except (AttributeError, ImportError):
-        return None
-    return tuple(dict.fromkeys((*FLOAT_RECIPES, *extra)))
+    return tuple(dict.fromkeys((*FLOAT_RECIPES, *inttrain.recipe_names())))
 
 
 def _check_recipe(recipe: str, field: str) -> None:
-    from inttrain.trainer import FLOAT_RECIPES
-
     allowed = _allowed_recipes()
-    if allowed is not None and recipe not in allowed:
-        hint = "" if allowed != FLOAT_RECIPES else " (integer recipes need inttrain.prepare_, not in this build)"
-        raise _usage(field, f"{recipe!r} is not one of: {', '.join(allowed)}{hint}")
+    if recipe not in allowed:
+        raise _usage(field, f"{recipe!r} is not one of: {', '.join(allowed)}")
 
 
 def main(argv: list[str] | None = None) -> int:

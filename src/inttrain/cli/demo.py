@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 from inttrain.data import DatasetSplits, load_dataset
+from inttrain.kernels import int_kernel_calls
 from inttrain.models import build_model
-from inttrain.trainer import FLOAT_RECIPES, get_prepare, train
-
-from .env import kernel_api
+from inttrain.trainer import train
 
 __all__ = ["DemoRow", "run_demo", "format_table"]
 
@@ -32,18 +31,11 @@ class DemoRow:
     recipe: str
     val_accuracy: float = math.nan
     time_per_step: float = math.nan  # seconds (median)
-    int_calls: int | None = None  # None: counters unavailable
-    note: str = ""
+    int_calls: int = 0  # integer kernel launches during this recipe's run
 
 
-def _total_calls() -> int | None:
-    counters = kernel_api("int_kernel_calls")
-    if counters is None:
-        return None
-    try:
-        return int(sum(dict(counters()).values()))
-    except Exception:
-        return None
+def _total_calls() -> int:
+    return sum(int_kernel_calls().values())
 
 
 def run_demo(
@@ -66,28 +58,19 @@ def run_demo(
     for recipe in recipes:
         row = DemoRow(recipe)
         rows.append(row)
-        if recipe not in FLOAT_RECIPES and get_prepare() is None:
-            row.note = "inttrain.prepare_ not available in this build"
-            log(f"  {recipe}: skipped ({row.note})")
-            continue
         torch.manual_seed(seed)
         model = build_model(MODEL, splits.num_classes, splits.in_channels, splits.image_size)
         before = _total_calls()
         result = train(model, splits, recipe, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, log=lambda s: None)
         after = _total_calls()
         row.val_accuracy, row.time_per_step = result.val_accuracy, result.time_per_step
-        if before is not None and after is not None:
-            # Someone may reset the counters mid-run; then `after` alone is the count.
-            row.int_calls = after - before if after >= before else after
+        # Someone may reset the counters mid-run; then `after` alone is the count.
+        row.int_calls = after - before if after >= before else after
         log(f"  {recipe}: val_acc {row.val_accuracy:.4f}, {row.time_per_step * 1e3:.2f} ms/step")
     return rows
 
 
 def _kernels_cell(row: DemoRow) -> str:
-    if row.note:
-        return row.note
-    if row.int_calls is None:
-        return "unknown (no kernel counters)"
     return f"yes ({row.int_calls} calls)" if row.int_calls > 0 else "no"
 
 

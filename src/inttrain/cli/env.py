@@ -1,19 +1,18 @@
 """``inttrain env``: what this machine and build can run.
 
-Everything is read defensively: a missing kernel module or an unreadable
-/proc/cpuinfo is reported as such rather than crashing the report.
+Read defensively: an unreadable /proc/cpuinfo or a failing ``describe()`` is
+reported as such rather than crashing the report (it exists to diagnose).
 """
 
 from __future__ import annotations
 
-import importlib
 import platform
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["cpu_flags", "collect_env", "kernel_api"]
+__all__ = ["cpu_flags", "collect_env"]
 
 _INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8")
 
@@ -30,15 +29,6 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, bool] | None:
             flags = set(line.split(":", 1)[1].split())
             break
     return {f: f in flags for f in _INTERESTING_FLAGS}
-
-
-def kernel_api(name: str) -> Any | None:
-    """A public function of ``inttrain.kernels`` (``describe``, ``int_kernel_calls``) if present."""
-    try:
-        module = importlib.import_module("inttrain.kernels")
-    except ImportError:
-        return None
-    return getattr(module, name, None)
 
 
 def collect_env() -> dict[str, Any]:
@@ -62,15 +52,13 @@ def collect_env() -> dict[str, Any]:
     if torch.cuda.is_available():
         info["cuda device"] = torch.cuda.get_device_name(0)
         info["cuda version"] = torch.version.cuda
-    describe = kernel_api("describe")
-    if describe is None:
-        info["kernels"] = "inttrain.kernels.describe() not available in this build"
-    else:
-        try:
-            for key, value in dict(describe()).items():
-                info[f"kernel {key}"] = value
-        except Exception as e:  # report, don't crash: this command is for diagnosing
-            info["kernels"] = f"describe() failed: {type(e).__name__}: {e}"
+    from inttrain.kernels import describe
+
+    try:
+        for key, value in describe().items():
+            info[f"kernel {key}"] = value
+    except Exception as e:  # report, don't crash: this command is for diagnosing
+        info["kernels"] = f"describe() failed: {type(e).__name__}: {e}"
     return info
 
 

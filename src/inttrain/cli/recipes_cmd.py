@@ -16,9 +16,8 @@ _FLOAT_DOCS = {
 
 def recipe_list() -> list[str]:
     from .app import _allowed_recipes
-    from inttrain.trainer import FLOAT_RECIPES
 
-    return list(_allowed_recipes() or FLOAT_RECIPES)
+    return list(_allowed_recipes())
 
 
 def _first_paragraph(doc: str | None) -> str:

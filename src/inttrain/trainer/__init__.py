@@ -15,7 +15,7 @@ from .loop import (
     train,
 )
 from .checkpoint import CheckpointError, checkpoint_paths, load_checkpoint, save_checkpoint
-from .recipes import FLOAT_RECIPES, apply_recipe, get_prepare
+from .recipes import FLOAT_RECIPES, apply_recipe
 
 __all__ = [
     "OPTIMIZER_NAMES",
@@ -33,6 +33,5 @@ __all__ = [
     "build_optimizer",
     "evaluate",
     "evaluate_metrics",
-    "get_prepare",
     "train",
 ]
