@@ -124,3 +124,12 @@ def test_int16_linear_runs_on_int8_kernels():
     assert int_kernel_calls()["int8_mm"] == 3  # each int16 x int16 GEMM is one stacked int8 GEMM
     ref = _run(F.linear, x, w, b, dy)
     assert sqnr_db(ref[2], got[2]) > 80
+
+
+@pytest.mark.parametrize("k,n", [(1, 4), (4, 1), (1, 1)])
+def test_one_feature_layers(k, n):
+    x, w, b, dy = _pair((8, k), n)
+    got = _run(lambda x, w, b: int_linear(x, w, b, LayerPrecision()), x, w, b, dy)
+    ref = _run(F.linear, x, w, b, dy)
+    for name, r, q in zip(("y", "dx", "dW"), ref, got):
+        assert sqnr_db(r, q) >= SQNR_MIN_DB, f"{name}: {sqnr_db(r, q):.1f} dB"

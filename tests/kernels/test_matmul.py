@@ -127,3 +127,14 @@ def test_reused_output_buffer_is_exact_and_reused():
     second = int_mm(a2, b2, reuse_output=True)
     assert torch.equal(second.long(), int_mm_reference(a2, b2))
     assert second.data_ptr() == first.data_ptr()  # same scratch buffer for the same shape
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 2), (7, 1, 5), (2, 1, 1), (1, 3, 1), (17, 16, 1), (1, 33, 5)])
+@pytest.mark.parametrize("a_t,b_t", [(False, True), (True, False), (True, True)])
+def test_size_one_dimensions_with_transposed_operands(m, k, n, a_t, b_t):
+    # torch._int_mm misreads strides like (1, 1) on size-1 dims and silently returns wrong numbers;
+    # gemm_layout must hand it a layout it reads correctly.
+    g = torch.Generator().manual_seed(m * 100 + k * 10 + n)
+    a = _rand((k, m), I8, torch.int8, g).t() if a_t else _rand((m, k), I8, torch.int8, g)
+    b = _rand((n, k), I8, torch.int8, g).t() if b_t else _rand((k, n), I8, torch.int8, g)
+    assert torch.equal(int_mm(a, b).long(), int_mm_reference(a, b))

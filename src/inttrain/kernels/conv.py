@@ -43,6 +43,7 @@ from torch import Tensor
 from . import conv_generic
 from .conv_geometry import ConvGeometry
 from .counters import count
+from .matmul import gemm_layout
 
 __all__ = [
     "ConvGeometry",
@@ -375,22 +376,8 @@ def _batch_chunk(n: int, terms_per_image: int, bytes_per_image: int) -> int:
 
 
 def _int_mm(a: Tensor, b: Tensor) -> Tensor:
-    """``torch._int_mm`` with operands whose strides the oneDNN GEMM reads correctly.
-
-    A matrix with a size-1 dimension can carry strides (e.g. (1, 1)) that the GEMM
-    misreads as a too-small leading dimension, so such operands are copied first.
-    """
-    return torch._int_mm(_gemm_layout(a), _gemm_layout(b))
-
-
-def _gemm_layout(m: Tensor) -> Tensor:
-    rows, cols = m.shape
-    s0, s1 = m.stride()
-    if s1 == 1 and s0 >= max(1, cols):  # row-major
-        return m
-    if s0 == 1 and s1 >= max(1, rows) and min(rows, cols) > 1:  # column-major
-        return m
-    return torch.empty((rows, cols), dtype=m.dtype, device=m.device).copy_(m)
+    """``torch._int_mm`` with operands whose strides the oneDNN GEMM reads correctly (see ``gemm_layout``)."""
+    return torch._int_mm(gemm_layout(a), gemm_layout(b))
 
 
 def _nhwc(t: Tensor) -> Tensor:

@@ -28,6 +28,7 @@ __all__ = [
     "int_mm",
     "split_int16",
     "has_int_mm",
+    "gemm_layout",
 ]
 
 INT8_SAFE_K = (2**31 - 1) // (128 * 128)  # 131071
@@ -54,12 +55,30 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor) -> None:
             raise TypeError(f"integer GEMM operands must be int8 or int16, got {t.dtype}")
 
 
+def gemm_layout(m: torch.Tensor) -> torch.Tensor:
+    """``m`` itself if its strides are ones oneDNN's GEMM reads correctly, else a row-major copy.
+
+    ``torch._int_mm`` on CPU passes strides to oneDNN unchecked, and a matrix with a size-1
+    dimension can carry strides such as (1, 1) that the GEMM misreads as a too-small leading
+    dimension: it then returns wrong numbers silently (found by the exactness tests, e.g.
+    ``a @ w.t()`` with K = 1).  Row- or column-major layouts with a proper leading dimension pass.
+    """
+    rows, cols = m.shape
+    s0, s1 = m.stride()
+    if s1 == 1 and s0 >= max(1, cols):  # row-major
+        return m
+    if s0 == 1 and s1 >= max(1, rows) and min(rows, cols) > 1:  # column-major
+        return m
+    return torch.empty((rows, cols), dtype=m.dtype, device=m.device).copy_(m)
+
+
 def _int_mm_padded(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``torch._int_mm`` with the CUDA shape rules met by zero padding (M > 16, K and N multiples of 8).
 
     Zero rows/columns add nothing to the integer sums, so padding keeps the result exact.
     """
     if a.device.type != "cuda":
+        a, b = gemm_layout(a), gemm_layout(b)
         return torch._int_mm(a, b) if out is None else torch.ops.aten._int_mm.out(a, b, out=out)
     m, k = a.shape
     n = b.shape[1]
