@@ -1,0 +1,106 @@
+"""Device CLI (argparse only, NumPy only).
+
+python -m inttrain.micro train MODEL.json DATA.npz --epochs 5 --batch-size 32 --lr-shift 6 --out DIR
+python -m inttrain.micro eval MODEL_DIR DATA.npz
+
+Errors (bad files, bad arguments) print one line ``error: ...`` to stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+
+from .errors import MicroFormatError
+
+
+def _peak_mib() -> float:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss     # KiB on Linux, bytes on macOS
+    return kb / (1024 * 1024) if sys.platform == "darwin" else kb / 1024
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):          # one line + exit 2, like every other error
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m inttrain.micro", description="Integer-only training (NumPy only).")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    t = sub.add_parser("train", help="train a model description on DATA.npz (x int8, x_exp, y)")
+    t.add_argument("model", help="MODEL.json (a layer description) or a saved model directory to continue")
+    t.add_argument("data", help="DATA.npz with x (int8 codes), x_exp (scale exponent), y (labels)")
+    t.add_argument("--epochs", type=int, default=5)
+    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--lr-shift", type=int, default=6, help="learning rate 2**-LR_SHIFT (on the summed batch gradient)")
+    t.add_argument("--momentum-shift", type=int, default=None, help="momentum beta = 1 - 2**-M (off by default)")
+    t.add_argument("--seed", type=int, default=0, help="data shuffling seed")
+    t.add_argument("--val", default=None, help="optional validation DATA.npz evaluated after each epoch")
+    t.add_argument("--out", required=True, help="output directory (model.json + weights.safetensors)")
+    e = sub.add_parser("eval", help="accuracy of a saved model on DATA.npz")
+    e.add_argument("model_dir")
+    e.add_argument("data")
+    e.add_argument("--batch-size", type=int, default=256)
+    return p
+
+
+def _train(args) -> None:
+    from pathlib import Path
+
+    from .io import read_json
+    from .model import Sequential, evaluate, load_data, load_model, save_model, train_epoch
+    from .optim import SGD
+
+    if args.epochs < 0 or args.batch_size < 1:
+        raise ValueError("--epochs must be >= 0 and --batch-size >= 1")
+    src = Path(args.model)
+    model = load_model(src) if src.is_dir() else Sequential.from_description(read_json(src))
+    n_cls = model.desc["num_classes"]
+    x, x_exp, y = load_data(args.data, n_cls)
+    val = load_data(args.val, n_cls) if args.val else None
+    opt = SGD(model.params(), args.lr_shift, args.momentum_shift, model.desc["rounding"]["update"])
+    model.check_batch(args.batch_size)
+    print(f"train: {len(x)} samples, {sum(p.acc.size for p in model.params())} weights, "
+          f"{model.desc['weight_bits']}-bit weight accumulators, lr 2^-{args.lr_shift}", flush=True)
+    history = []
+    for ep in range(args.epochs):
+        t0 = time.perf_counter()
+        loss, acc = train_epoch(model, opt, x, x_exp, y, args.batch_size, seed=args.seed + ep,
+                                log=lambda s: print(s, flush=True), log_every=50)
+        dt = time.perf_counter() - t0
+        line = f"epoch {ep + 1}/{args.epochs} loss {loss:.4f} train_acc {acc:.4f}"
+        row = {"epoch": ep + 1, "loss": loss, "train_acc": acc, "seconds": dt}
+        if val is not None:
+            row["val_acc"] = evaluate(model, *val)
+            line += f" val_acc {row['val_acc']:.4f}"
+        history.append(row)
+        print(f"{line} time {dt:.2f}s peak_mem {_peak_mib():.1f} MiB", flush=True)
+    out = save_model(model, args.out, {"history": history})
+    print(f"saved {out}", flush=True)
+
+
+def _eval(args) -> None:
+    from .model import evaluate, load_data, load_model
+
+    model = load_model(args.model_dir)
+    x, x_exp, y = load_data(args.data, model.desc["num_classes"])
+    t0 = time.perf_counter()
+    acc = evaluate(model, x, x_exp, y, args.batch_size)
+    print(f"eval: {len(x)} samples accuracy {acc:.4f} time {time.perf_counter() - t0:.2f}s peak_mem {_peak_mib():.1f} MiB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        (_train if args.cmd == "train" else _eval)(args)
+    except (MicroFormatError, ValueError, OSError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

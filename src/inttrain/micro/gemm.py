@@ -1,0 +1,65 @@
+"""Exact integer GEMM on float BLAS.
+
+NumPy's integer matmul does not use BLAS and is slow, so int8 x int8 products are computed with
+float32 BLAS on K-chunks small enough to be exact, and the chunks are summed in int64.
+
+Exactness bound (float32). Let A = max|a|, B = max|b| over the operands and split K into chunks of
+length k with k * A * B <= 2**24. Whatever order (or FMA) the BLAS uses, every intermediate value
+it forms for one output element is a sum of a subset of the k products a_i * b_i, hence an integer
+of magnitude <= k * A * B <= 2**24. Every integer of magnitude <= 2**24 is representable in float32
+(24-bit significand), and IEEE addition / FMA returns the exact result whenever that result is
+representable. By induction every partial sum is exact, so the chunk result is the exact integer.
+For int8 codes saturated to [-127, 127]: A * B <= 16129 and 2**24 / 16129 = 1040.2, so K <= 1040
+is always exact in one chunk (1040 * 16129 = 16774160 <= 16777216), while at K = 1041 the all-127
+sum 16790289 is odd and above 2**24, hence not representable: one float32 GEMM must be wrong there.
+The chunk is computed from the actual maxima, so small codes get longer chunks. When a chunk would
+be shorter than ``MIN_F32_CHUNK`` (wide operands, e.g. int16) the same argument is used with float64
+(2**53). Chunk sums are accumulated in int64 (exact for any realistic K).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+F32_EXACT = 1 << 24
+F64_EXACT = 1 << 53
+MIN_F32_CHUNK = 64
+
+
+def _absmax(a: np.ndarray) -> int:
+    return int(np.abs(a.astype(np.int64)).max()) if a.size else 0
+
+
+def exact_chunk(amax: int, bmax: int, limit: int = F32_EXACT) -> int:
+    """Longest K for which a float GEMM with these operand maxima is exact (>= 1, 'inf' as 2**62)."""
+    p = int(amax) * int(bmax)
+    return (1 << 62) if p == 0 else max(1, limit // p)
+
+
+def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact a @ b for integer arrays a (M, K), b (K, N); int64 result."""
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"int_matmul shapes {a.shape} @ {b.shape}")
+    m, k = a.shape
+    n = b.shape[1]
+    if k == 0 or m == 0 or n == 0:
+        return np.zeros((m, n), dtype=np.int64)
+    amax, bmax = _absmax(a), _absmax(b)
+    chunk = exact_chunk(amax, bmax, F32_EXACT)
+    if chunk >= MIN_F32_CHUNK or chunk >= k:
+        ftype = np.float32
+    else:
+        ftype = np.float64
+        chunk = exact_chunk(amax, bmax, F64_EXACT)
+    if chunk >= k:
+        return (a.astype(ftype) @ b.astype(ftype)).astype(np.int64)
+    out = np.zeros((m, n), dtype=np.int64)
+    for start in range(0, k, chunk):
+        stop = min(k, start + chunk)
+        out += (a[:, start:stop].astype(ftype) @ b[start:stop].astype(ftype)).astype(np.int64)
+    return out
+
+
+def int_matmul_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pure int64 reference (slow): what ``int_matmul`` must equal bit for bit."""
+    return a.astype(np.int64) @ b.astype(np.int64)

@@ -1,0 +1,65 @@
+"""Integer softmax cross-entropy gradient (docs/integer-training.md §6).
+
+exp is computed base 2 with a 256-entry Q15 table: e^(z * 2**e) = 2^(t), t = z * 2**e * log2(e),
+t in Q8 fixed point with LOG2E_Q8 = round(256 * log2(e)) = 369.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .ops import IntTensor, shift_left_saturate, shift_round
+
+LOG2E_Q8 = 369                                    # round(256 * log2(e)) = round(369.33)
+EXP2_LUT = np.array([round(2.0 ** (i / 256) * 32768) for i in range(256)], dtype=np.int64)  # Q15
+EXP2_LUT_SUM = 12085828                           # checksum of the table (stated in the docs)
+ERR_EXP = -7                                      # the error is p - onehot in Q7
+T_MIN = -(63 << 8)                                # t below this gives E = 0 anyway
+
+
+def exp2_q15(t_q8: np.ndarray) -> np.ndarray:
+    """2**(t/256) * 2**15 for integer t <= 0 (Q8): LUT[t & 255] shifted right by -(t >> 8), rne."""
+    t = np.maximum(np.asarray(t_q8, dtype=np.int64), T_MIN)
+    ip = t >> 8                                   # floor(t / 256) <= 0
+    f = t & 255
+    lut = EXP2_LUT[f]
+    out = np.empty_like(t)
+    for s in np.unique(-ip):                      # shift_round takes one shift per call
+        sel = (-ip) == s
+        out[sel] = shift_round(lut[sel], int(s), "rne")
+    return out
+
+
+def softmax_q7(logits: IntTensor) -> np.ndarray:
+    """Integer softmax of int8 logits (N, C) at exponent e: probabilities in Q7 (sum ~ 128)."""
+    q = logits.q.astype(np.int64)
+    z = q - q.max(axis=1, keepdims=True)          # <= 0, >= -254
+    zl = z * LOG2E_Q8
+    e = int(logits.exp)
+    t = shift_round(zl, -e, "rne") if e <= 0 else shift_left_saturate(zl, e, limit=-T_MIN)
+    big_e = exp2_q15(t)                           # (N, C), the maximum is exactly 32768
+    s = big_e.sum(axis=1, keepdims=True)          # >= 32768
+    return (big_e * 256 + s) // (2 * s)           # round(E * 128 / S), halves up
+
+
+def softmax_cross_entropy_grad(logits: IntTensor, labels: np.ndarray) -> tuple[IntTensor, np.ndarray]:
+    """Error dL/dlogits = p - onehot(labels) as int8 codes at exponent -7 (summed loss, no mean).
+
+    Returns (error, p_q7). Saturation maps -128 (p_y = 0) to -127.
+    """
+    p = softmax_q7(logits)
+    err = p.copy()
+    err[np.arange(len(labels)), labels] -= 128
+    return IntTensor(np.clip(err, -127, 127).astype(np.int8), ERR_EXP), p
+
+
+def display_loss(logits: IntTensor, labels: np.ndarray) -> float:
+    """Mean cross-entropy in float, for progress lines only (not part of training)."""
+    z = logits.to_float()
+    z = z - z.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return float(-logp[np.arange(len(labels)), labels].mean())
+
+

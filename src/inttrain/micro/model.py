@@ -1,0 +1,261 @@
+"""Sequential model, its JSON layer description, data loading and the train/eval loops."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .errors import MicroFormatError
+from .io import read_json, read_npz, read_safetensors, write_safetensors
+from .layers import MAX_K, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU
+from .loss import display_loss, softmax_cross_entropy_grad
+from .ops import ROUNDING_MODES, IntTensor, qmax
+
+FORMAT = "inttrain.micro/1"
+MAX_EXP = 64                       # |scale exponent| bound for weights and data
+MAX_DIM = 1 << 16
+MAX_LAYERS = 64
+DEFAULT_ROUNDING = {"forward": "rne", "backward": "pstoch", "update": "pstoch"}
+
+
+def _int(d: dict, key: str, lo: int, hi: int, where: str, default: int | None = None) -> int:
+    v = d.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise MicroFormatError(f"{where}: {key!r} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def validate_description(desc: dict, where: str = "model description") -> dict:
+    """Check a layer description and return it normalized (defaults filled in)."""
+    if not isinstance(desc, dict):
+        raise MicroFormatError(f"{where}: must be a JSON object")
+    if desc.get("format", FORMAT) != FORMAT:
+        raise MicroFormatError(f"{where}: format {desc.get('format')!r} is not {FORMAT!r}")
+    shape = desc.get("input_shape")
+    if (not isinstance(shape, list) or len(shape) not in (1, 3)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= MAX_DIM for d in shape)):
+        raise MicroFormatError(f"{where}: input_shape must be [features] or [C, H, W] of positive integers <= {MAX_DIM}")
+    bits = desc.get("weight_bits", 16)
+    if bits not in (8, 16) or isinstance(bits, bool):
+        raise MicroFormatError(f"{where}: weight_bits must be 8 or 16, got {bits!r}")
+    rounding = {**DEFAULT_ROUNDING, **(desc.get("rounding") or {})}
+    if set(rounding) != set(DEFAULT_ROUNDING) or not all(v in ROUNDING_MODES for v in rounding.values()):
+        raise MicroFormatError(f"{where}: rounding must map forward/backward/update to one of {ROUNDING_MODES}")
+    seed = _int(desc, "seed", 0, 2**32 - 1, where, 0)
+    layers = desc.get("layers")
+    if not isinstance(layers, list) or not 1 <= len(layers) <= MAX_LAYERS:
+        raise MicroFormatError(f"{where}: layers must be a list of 1..{MAX_LAYERS} layer objects")
+    cur = tuple(shape)
+    norm = []
+    for i, spec in enumerate(layers):
+        w = f"{where}: layer {i}"
+        if not isinstance(spec, dict):
+            raise MicroFormatError(f"{w}: must be an object")
+        kind = spec.get("type")
+        if kind == "linear":
+            fi = _int(spec, "in_features", 1, MAX_K, w)
+            fo = _int(spec, "out_features", 1, MAX_K, w)
+            if cur != (fi,):
+                raise MicroFormatError(f"{w}: linear expects input ({fi},), gets {cur}")
+            s = {"type": kind, "in_features": fi, "out_features": fo}
+            cur = (fo,)
+        elif kind == "conv2d":
+            ci = _int(spec, "in_channels", 1, 4096, w)
+            co = _int(spec, "out_channels", 1, 4096, w)
+            k = _int(spec, "kernel_size", 1, 15, w)
+            st = _int(spec, "stride", 1, 15, w, 1)
+            p = _int(spec, "padding", 0, 15, w, 0)
+            if len(cur) != 3 or cur[0] != ci:
+                raise MicroFormatError(f"{w}: conv2d expects input ({ci}, H, W), gets {cur}")
+            if ci * k * k > MAX_K or co * (-(-k // st)) ** 2 > MAX_K:
+                raise MicroFormatError(f"{w}: reduction too long for int32 accumulators")
+            oh, ow = (cur[1] + 2 * p - k) // st + 1, (cur[2] + 2 * p - k) // st + 1
+            if oh < 1 or ow < 1:
+                raise MicroFormatError(f"{w}: output would be empty for input {cur}")
+            s = {"type": kind, "in_channels": ci, "out_channels": co, "kernel_size": k, "stride": st, "padding": p}
+            cur = (co, oh, ow)
+        elif kind == "maxpool2d":
+            k = _int(spec, "kernel_size", 1, 15, w, 2)
+            if len(cur) != 3 or cur[1] < k or cur[2] < k:
+                raise MicroFormatError(f"{w}: maxpool2d expects (C, H, W) with H, W >= {k}, gets {cur}")
+            s = {"type": kind, "kernel_size": k}
+            cur = (cur[0], cur[1] // k, cur[2] // k)
+        elif kind == "relu":
+            s = {"type": kind}
+        elif kind == "flatten":
+            s = {"type": kind}
+            cur = (int(np.prod(cur)),)
+        else:
+            raise MicroFormatError(f"{w}: unknown layer type {kind!r}")
+        extra = set(spec) - set(s)
+        if extra:
+            raise MicroFormatError(f"{w}: unknown keys {sorted(extra)}")
+        norm.append(s)
+    if len(cur) != 1:
+        raise MicroFormatError(f"{where}: the last layer must output class scores (got shape {cur}); add flatten/linear")
+    return {"format": FORMAT, "input_shape": list(shape), "num_classes": cur[0], "weight_bits": bits,
+            "rounding": rounding, "seed": seed, "layers": norm}
+
+
+class Sequential:
+    def __init__(self, layers: list[Layer], desc: dict):
+        self.layers, self.desc = layers, desc
+        if layers:
+            layers[0].need_input_grad = False    # the data needs no error
+
+    @classmethod
+    def from_description(cls, desc: dict) -> "Sequential":
+        d = validate_description(desc)
+        rng = np.random.default_rng(d["seed"])
+        r = d["rounding"]
+        layers: list[Layer] = []
+        for s in d["layers"]:
+            t = s["type"]
+            if t == "linear":
+                layers.append(Linear(s["in_features"], s["out_features"], d["weight_bits"], rng, r["forward"], r["backward"]))
+            elif t == "conv2d":
+                layers.append(Conv2d(s["in_channels"], s["out_channels"], s["kernel_size"], s["stride"], s["padding"],
+                                     d["weight_bits"], rng, r["forward"], r["backward"]))
+            elif t == "maxpool2d":
+                layers.append(MaxPool2d(s["kernel_size"]))
+            elif t == "relu":
+                layers.append(ReLU())
+            else:
+                layers.append(Flatten())
+        return cls(layers, d)
+
+    def named_params(self):
+        return [(f"layers.{i}.weight", l.weight) for i, l in enumerate(self.layers) if hasattr(l, "weight")]
+
+    def params(self):
+        return [p for _, p in self.named_params()]
+
+    def forward(self, x: IntTensor) -> IntTensor:
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, g: IntTensor) -> None:
+        for layer in reversed(self.layers):
+            g = layer.backward(g)
+            if g is None:
+                break
+
+    def check_batch(self, batch_size: int) -> None:
+        """Weight-gradient reductions run over batch (x output pixels): keep them int32-safe."""
+        shape = tuple(self.desc["input_shape"])
+        for layer in self.layers:
+            out = layer.out_shape(shape)
+            k = batch_size * (out[1] * out[2] if isinstance(layer, Conv2d) else 1)
+            if isinstance(layer, (Linear, Conv2d)) and k > MAX_K:
+                raise ValueError(f"batch size {batch_size} makes a weight-gradient reduction of {k} > {MAX_K}")
+            shape = out
+
+
+def _check_input(model: Sequential, x: np.ndarray, x_exp: int) -> None:
+    if tuple(x.shape[1:]) != tuple(model.desc["input_shape"]):
+        raise MicroFormatError(f"data: x has sample shape {tuple(x.shape[1:])}, model wants {tuple(model.desc['input_shape'])}")
+
+
+def train_epoch(model: Sequential, opt, x: np.ndarray, x_exp: int, y: np.ndarray, batch_size: int,
+                seed: int = 0, log=None, log_every: int = 0) -> tuple[float, float]:
+    """One pass over shuffled data; returns (mean display loss, training accuracy)."""
+    _check_input(model, x, x_exp)
+    model.check_batch(batch_size)
+    order = np.random.default_rng(seed).permutation(len(x))
+    losses, correct = [], 0
+    for step, start in enumerate(range(0, len(x), batch_size)):
+        idx = order[start:start + batch_size]
+        logits = model.forward(IntTensor(x[idx], x_exp))
+        err, _ = softmax_cross_entropy_grad(logits, y[idx])
+        model.backward(err)
+        opt.step()
+        losses.append(display_loss(logits, y[idx]))
+        correct += int((logits.q.argmax(axis=1) == y[idx]).sum())
+        if log and log_every and (step + 1) % log_every == 0:
+            log(f"  step {step + 1} loss {np.mean(losses[-log_every:]):.4f}")
+    return float(np.mean(losses)), correct / max(1, len(x))
+
+
+def predict(model: Sequential, x: np.ndarray, x_exp: int, batch_size: int = 256) -> np.ndarray:
+    _check_input(model, x, x_exp)
+    out = [model.forward(IntTensor(x[i:i + batch_size], x_exp)).q.argmax(axis=1) for i in range(0, len(x), batch_size)]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def evaluate(model: Sequential, x: np.ndarray, x_exp: int, y: np.ndarray, batch_size: int = 256) -> float:
+    return float((predict(model, x, x_exp, batch_size) == y).mean()) if len(x) else 0.0
+
+
+def load_data(path: str | os.PathLike, num_classes: int | None = None) -> tuple[np.ndarray, int, np.ndarray]:
+    """DATA.npz with x (int8 codes in [-127, 127], shape (N, ...)), x_exp (integer scalar), y (N,) labels."""
+    arrs = read_npz(path)
+    where = str(path)
+    for key in ("x", "x_exp", "y"):
+        if key not in arrs:
+            raise MicroFormatError(f"{where}: missing array {key!r} (need x, x_exp, y)")
+    x, xe, y = arrs["x"], arrs["x_exp"], arrs["y"]
+    if x.dtype != np.int8 or x.ndim < 2:
+        raise MicroFormatError(f"{where}: x must be int8 codes of shape (N, ...), got {x.dtype} {x.shape}")
+    if x.size and int(x.min()) < -127:
+        raise MicroFormatError(f"{where}: x holds -128; codes are symmetric [-127, 127]")
+    if xe.shape != () or xe.dtype.kind not in "iu" or not -MAX_EXP <= int(xe) <= MAX_EXP:
+        raise MicroFormatError(f"{where}: x_exp must be an integer scalar in [-{MAX_EXP}, {MAX_EXP}]")
+    if y.ndim != 1 or y.dtype.kind not in "iu" or len(y) != len(x):
+        raise MicroFormatError(f"{where}: y must be integer labels of shape ({len(x)},)")
+    if num_classes is not None and len(y) and not (0 <= int(y.min()) and int(y.max()) < num_classes):
+        raise MicroFormatError(f"{where}: labels must be in [0, {num_classes})")
+    return x, int(xe), y.astype(np.int64)
+
+
+def save_model(model: Sequential, out_dir: str | os.PathLike, extra: dict | None = None) -> Path:
+    """OUT_DIR/model.json (description + parameter formats) and OUT_DIR/weights.safetensors."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    named = model.named_params()
+    write_safetensors(out / "weights.safetensors", {n: p.acc for n, p in named}, {"format": FORMAT})
+    doc = dict(model.desc)
+    doc["params"] = {n: {"bits": p.bits, "exp": p.exp, "shape": list(p.acc.shape)} for n, p in named}
+    if extra:
+        doc["info"] = extra
+    tmp = out / "model.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, out / "model.json")
+    return out
+
+
+def load_model(model_dir: str | os.PathLike) -> Sequential:
+    """Load and validate a saved model: description, parameter formats, shapes, dtypes, code ranges."""
+    d = Path(model_dir)
+    doc = read_json(d / "model.json")
+    params_doc = doc.pop("params", None)
+    doc.pop("info", None)
+    doc.pop("num_classes", None)
+    model = Sequential.from_description(doc)
+    where = str(d / "weights.safetensors")
+    tensors, _ = read_safetensors(d / "weights.safetensors")
+    named = dict(model.named_params())
+    if not isinstance(params_doc, dict) or set(params_doc) != set(named):
+        raise MicroFormatError(f"{d / 'model.json'}: params must describe exactly {sorted(named)}")
+    if set(tensors) != set(named):
+        raise MicroFormatError(f"{where}: tensors {sorted(tensors)} do not match the model's {sorted(named)}")
+    for name, p in named.items():
+        info = params_doc[name]
+        if not isinstance(info, dict):
+            raise MicroFormatError(f"{d / 'model.json'}: params[{name!r}] must be an object")
+        bits = info.get("bits")
+        if bits != p.bits or isinstance(bits, bool):
+            raise MicroFormatError(f"{d / 'model.json'}: {name}: bits {bits!r} != weight_bits {p.bits}")
+        exp = _int(info, "exp", -MAX_EXP, MAX_EXP, f"{d / 'model.json'}: {name}")
+        t = tensors[name]
+        want = np.int16 if p.bits == 16 else np.int8
+        if t.dtype != want or t.shape != p.acc.shape:
+            raise MicroFormatError(f"{where}: {name}: {t.dtype} {t.shape}, expected {np.dtype(want)} {p.acc.shape}")
+        m = qmax(p.bits)
+        if t.size and (int(t.min()) < -m or int(t.max()) > m):
+            raise MicroFormatError(f"{where}: {name}: codes outside [-{m}, {m}]")
+        p.acc, p.exp = t.copy(), exp
+    return model
