@@ -25,11 +25,14 @@ def exp2_q15(t_q8: np.ndarray) -> np.ndarray:
     ip = t >> 8                                   # floor(t / 256) <= 0
     f = t & 255
     lut = EXP2_LUT[f]
-    out = np.empty_like(t)
-    for s in np.unique(-ip):                      # shift_round takes one shift per call
-        sel = (-ip) == s
-        out[sel] = shift_round(lut[sel], int(s), "rne")
-    return out
+    # the same as shift_round(lut, -ip, "rne") element by element, vectorized over the shift; since
+    # lut < 2**17, any shift >= 18 gives 0 either way, so shifts are capped at 20
+    s = np.minimum(-ip, 20)
+    q = lut >> s
+    r = lut & ((1 << s) - 1)
+    half = (1 << s) >> 1
+    up = (s > 0) & ((r > half) | ((r == half) & ((q & 1) == 1)))
+    return q + up
 
 
 def softmax_q7(logits: IntTensor) -> np.ndarray:

@@ -1,0 +1,73 @@
+import numpy as np
+
+from inttrain.micro.layers import Param
+from inttrain.micro.loss import EXP2_LUT, EXP2_LUT_SUM, LOG2E_Q8, exp2_q15, softmax_cross_entropy_grad, softmax_q7
+from inttrain.micro.ops import IntTensor
+from inttrain.micro.optim import SGD
+
+
+def test_table_constants():
+    assert EXP2_LUT.shape == (256,) and int(EXP2_LUT.sum()) == EXP2_LUT_SUM
+    assert EXP2_LUT[0] == 32768 and EXP2_LUT[128] == 46341 and EXP2_LUT[255] == 65359
+    assert LOG2E_Q8 == round(256 / np.log(2))
+
+
+def test_exp2_hand_cases():
+    # t = 0 -> 2^15; t = -256 (-1.0) -> 2^14; t = -128 (-0.5) -> LUT[128] >> 1 = 23170.5 -> 23170 (half even)
+    assert exp2_q15(np.array([0, -256, -128, -(40 << 8)])).tolist() == [32768, 16384, 23170, 0]
+
+
+def test_softmax_close_to_float():
+    rng = np.random.default_rng(0)
+    for e in (-6, -3, 0, 2):
+        q = rng.integers(-127, 128, size=(50, 10)).astype(np.int8)
+        p = softmax_q7(IntTensor(q, e))
+        z = q * 2.0**e
+        pf = np.exp(z - z.max(1, keepdims=True))
+        pf /= pf.sum(1, keepdims=True)
+        assert np.abs(p / 128 - pf).max() <= 2.5 / 128
+        assert np.all(np.abs(p.sum(1) - 128) <= 5)
+
+
+def test_error_hand_built():
+    # two equal logits and one far below: p = [64, 64, 0]
+    err, p = softmax_cross_entropy_grad(IntTensor(np.array([[100, 100, -100]], dtype=np.int8), -2), np.array([0]))
+    assert p.tolist() == [[64, 64, 0]]
+    assert err.exp == -7 and err.q.tolist() == [[-64, 64, 0]]
+    # p_y = 0 -> -128 saturates to -127
+    err, _ = softmax_cross_entropy_grad(IntTensor(np.array([[127, -127]], dtype=np.int8), 0), np.array([1]))
+    assert err.q.tolist() == [[127, -127]]
+
+
+def test_sgd_update_is_a_shift_of_the_gradient():
+    p = Param(np.zeros(4, dtype=np.int64), -10, 16)
+    p.grad, p.grad_exp = np.array([96, -96, 32, 1000]), -8
+    # step = grad * 2^(-8 - 4 - (-10)) = grad / 4 (rne): 24, -24, 8, 250
+    SGD([p], lr_shift=4, rounding="rne").step()
+    assert p.acc.tolist() == [-24, 24, -8, -250] and p.grad is None
+    # left shift when the gradient exponent is large; saturation at the int16 range
+    p.grad, p.grad_exp = np.array([1, -1, 2**20, 0]), 0
+    SGD([p], lr_shift=4, rounding="rne").step()          # * 2^(0 - 4 + 10) = * 64
+    assert p.acc.tolist() == [-88, 88, -32767, -250]
+
+
+def test_sgd_momentum():
+    p = Param(np.zeros(1, dtype=np.int64), 0, 16)
+    opt = SGD([p], lr_shift=0, momentum_shift=1, rounding="rne")   # beta = 1/2
+    steps = []
+    for _ in range(3):
+        p.grad, p.grad_exp = np.array([8]), 0
+        before = int(p.acc[0])
+        opt.step()
+        steps.append(before - int(p.acc[0]))
+    assert steps == [8, 12, 14]                                    # v = v - v/2 + 8
+
+
+def test_exp2_vectorized_equals_scalar_definition():
+    from inttrain.micro.ops import shift_round
+
+    t = np.arange(-(64 << 8), 1)
+    got = exp2_q15(t)
+    tt = np.maximum(t, -(63 << 8))
+    ref = np.array([int(shift_round(np.array([EXP2_LUT[v & 255]]), int(-(v >> 8)), "rne")[0]) for v in tt[::37]])
+    assert np.array_equal(got[::37], ref)
