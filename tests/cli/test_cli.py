@@ -91,7 +91,7 @@ def test_train_prints_epoch_lines(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_demo() -> None:
     # Short budget: the first int8 steps pay the kernels' compile time.
-    r = _cli("demo", "--epochs", "1", "--batch-size", "128", timeout=300)
+    r = _cli("demo", "--epochs", "1", "--batch-size", "128", "--layer-check", "256", timeout=300)
     assert r.returncode == 0, r.stderr
     table = r.stdout[r.stdout.index("recipe"):]
     assert "fp32" in table and "int8" in table and "speed vs fp32" in table
@@ -99,3 +99,5 @@ def test_demo() -> None:
     assert "yes (" in int8_row  # integer kernels really ran
     fp32_row = next(line for line in table.splitlines() if line.startswith("fp32"))
     assert fp32_row.rstrip().endswith("no")
+    layer_line = next(line for line in r.stdout.splitlines() if line.startswith("one Linear layer, 256 tokens"))
+    assert "fp32" in layer_line and "bf16" in layer_line and "int8" in layer_line

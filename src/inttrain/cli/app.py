@@ -42,9 +42,12 @@ def demo(
         int, typer.Option(help="CPU threads. 1 by default: the tiny model gains nothing from more, and "
                           "spinning thread pools make timings erratic on busy machines.")
     ] = 1,
+    layer_check: Annotated[
+        int, typer.Option(help="Also time one Linear layer of this size in fp32/bf16/int8 (0: skip).")
+    ] = 2048,
 ) -> None:
     """Train a small CNN on the built-in digits data in fp32 and int8 and compare."""
-    from .demo import format_table, run_demo
+    from .demo import format_layer_times, format_table, run_demo, time_linear_layer
 
     _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, threads=threads)
     _set_threads(threads)
@@ -56,6 +59,9 @@ def demo(
     rows = run_demo(names, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
     typer.echo("")
     typer.echo(format_table(rows))
+    if layer_check > 0:
+        typer.echo("")
+        typer.echo(format_layer_times(time_linear_layer(layer_check), layer_check))
 
 
 @app.command()

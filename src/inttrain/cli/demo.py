@@ -20,7 +20,7 @@ from inttrain.kernels import int_kernel_calls
 from inttrain.models import build_model
 from inttrain.trainer import train
 
-__all__ = ["DemoRow", "run_demo", "format_table"]
+__all__ = ["DemoRow", "run_demo", "format_table", "time_linear_layer", "format_layer_times"]
 
 MODEL = "small-cnn"
 DATASET = "digits"
@@ -94,3 +94,46 @@ def format_table(rows: Sequence[DemoRow]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("speed vs fp32 = fp32 time per step / recipe time per step (>1 is faster)")
     return "\n".join(lines)
+
+
+def time_linear_layer(size: int = 2048, iters: int = 3) -> dict[str, float]:
+    """Median fwd+bwd seconds of one ``nn.Linear(size, size)`` on ``size`` tokens: fp32, bf16 autocast, int8.
+
+    The digits CNN above is far too small for int8 kernels to pay off (fixed per-call costs dominate);
+    this shows the same comparison where the GEMMs dominate.  ``benchmarks/speed.py`` is the full benchmark.
+    """
+    import statistics
+    import time
+
+    import inttrain
+
+    torch.manual_seed(0)
+    x = torch.randn(size, size)
+    dy = torch.randn(size, size)
+    times: dict[str, float] = {}
+    for recipe in ("fp32", "bf16", "int8"):
+        layer = torch.nn.Linear(size, size)
+        if recipe == "int8":
+            inttrain.prepare_(layer, "int8")
+        xr = x.clone().requires_grad_()
+
+        def step() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe == "bf16"):
+                y = layer(xr)
+            y.backward(dy.to(y.dtype))
+
+        step()  # warm-up (compiles int8's fused quantize passes on first use)
+        samples = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - t0)
+        times[recipe] = statistics.median(samples)
+    return times
+
+
+def format_layer_times(times: dict[str, float], size: int) -> str:
+    fp32 = times["fp32"]
+    cells = ", ".join(f"{r} {t * 1e3:.0f} ms ({fp32 / t:.2f}x)" for r, t in times.items())
+    return f"one Linear layer, {size} tokens x {size} -> {size}, fwd+bwd: {cells}  (ratio vs fp32, >1 is faster)"
+
