@@ -65,12 +65,14 @@ def validate_config(cfg: RunConfig) -> Any:
     from inttrain.data import DATASET_NAMES
     from inttrain.models import MODEL_NAMES
     from inttrain.trainer import OPTIMIZER_NAMES
+    from inttrain.trainer.augment import AUGMENTATIONS
 
     from .app import _check_recipe
 
     check_choice("--model", cfg.model, MODEL_NAMES)
     check_choice("--dataset", cfg.dataset, DATASET_NAMES)
     check_choice("--optimizer", cfg.optimizer, OPTIMIZER_NAMES)
+    check_choice("--augment", cfg.augment, AUGMENTATIONS)
     _check_recipe(cfg.recipe, field="--recipe")
     _check_positive(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, threads=cfg.threads,
                     max_steps=cfg.max_steps, log_every=cfg.log_every, max_consecutive_skips=cfg.max_consecutive_skips,
@@ -173,7 +175,7 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None) -> int:
                 p.model, p.splits, cfg.recipe, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                 optimizer=cfg.optimizer, seed=cfg.seed, log=folder.log, max_consecutive_skips=cfg.max_consecutive_skips,
                 recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
-                resume_from=resume_from,
+                resume_from=resume_from, augment=cfg.augment,
             )
     finally:
         folder.close()

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from inttrain.data import DatasetSplits
 
+from .augment import augment_batch
 from .progress import Progress
 from .recipes import apply_recipe, autocast_for
 from .rng import capture_rng, layer_calls, restore_rng, set_layer_calls
@@ -229,6 +230,7 @@ def train(
     max_steps: int | None = None,
     hooks: TrainHooks | None = None,
     resume_from: tuple[dict[str, Tensor], dict[str, Any]] | None = None,
+    augment: str = "none",
 ) -> RunResult:
     """Train ``model`` on ``splits`` in place and return per-epoch statistics.
 
@@ -243,7 +245,8 @@ def train(
     stderr is a TTY (None). ``max_steps`` stops after that many attempted steps
     (counted over the whole run, resumes included). ``resume_from``: (weights,
     state) of a checkpoint written through ``hooks.save``; training continues
-    bit-identically from it.
+    bit-identically from it. ``augment``: "crop-flip" pads, randomly crops and
+    flips image batches (a pure function of seed and step, so resumes stay exact).
     """
     if epochs < 1 or batch_size < 1 or not lr > 0 or max_consecutive_skips < 1:
         raise ValueError(
@@ -307,6 +310,7 @@ def train(
             for b in range(state.position, batches):
                 x, y = _batch(splits.train, perm[b * batch_size : (b + 1) * batch_size])
                 state.step += 1
+                x = augment_batch(x, augment, seed, state.step)
                 state.position = b + 1
                 x, y = x.to(dev), y.to(dev)
                 t0 = time.perf_counter()
