@@ -150,3 +150,15 @@ def test_npz_lying_array_header_is_rejected_before_allocation(tmp_path):
         z.writestr("x.npy", npy)
     with pytest.raises(MicroFormatError, match="claims more data"):
         read_npz(tmp_path / "lie.npz")
+
+
+def test_description_rejects_unknown_keys_and_wrong_num_classes(tmp_path):
+    with pytest.raises(MicroFormatError, match="unknown keys"):
+        Sequential.from_description({**DESC, "params": {}})
+    with pytest.raises(MicroFormatError, match="num_classes"):
+        Sequential.from_description({**DESC, "num_classes": 4})
+    assert Sequential.from_description({**DESC, "num_classes": 3}).desc["num_classes"] == 3
+    for bad in ({**DESC, "input_shape": [0]}, {**DESC, "layers": []}, {**DESC, "seed": -1},
+                {**DESC, "rounding": {"forward": "up"}}, [1, 2], {**DESC, "format": "other/9"}):
+        with pytest.raises(MicroFormatError):
+            Sequential.from_description(bad)

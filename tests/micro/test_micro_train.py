@@ -153,3 +153,36 @@ def test_cli_train_eval_and_errors(tmp_path, digits):
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+
+
+def test_integer_gradients_follow_the_float_gradients(digits):
+    """Integer backprop vs float backprop of the same (dequantized) network: same direction."""
+    xtr, _, ytr, _ = digits
+    m = Sequential.from_description({**MLP, "rounding": {"backward": "rne"}})
+    from inttrain.micro import IntTensor, softmax_cross_entropy_grad
+
+    x = IntTensor(xtr[:64], -7)
+    logits = m.forward(x)
+    err, _ = softmax_cross_entropy_grad(logits, ytr[:64])
+    m.backward(err)
+    w1, w2 = (p.int8().to_float() for p in m.params())
+    xf = x.to_float()
+    h = np.maximum(xf @ w1.T, 0)
+    z = h @ w2.T
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    dz = p - np.eye(10)[ytr[:64]]
+    g2 = dz.T @ h
+    g1 = ((dz @ w2) * (h > 0)).T @ xf
+    for param, ref in zip(m.params(), (g1, g2)):
+        got = param.grad * 2.0**param.grad_exp
+        cos = (got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref)
+        assert cos > 0.95, cos
+        assert 0.7 < np.linalg.norm(got) / np.linalg.norm(ref) < 1.3
+
+
+def test_batch_too_large_for_int32_gradients():
+    m = Sequential.from_description(CNN)
+    with pytest.raises(ValueError, match="weight-gradient reduction"):
+        m.check_batch(4000)                 # 4000 * 8 * 8 > 133144
+    m.check_batch(2000)

@@ -168,9 +168,11 @@ class Conv2d(Layer):
 
     def forward(self, x: IntTensor) -> IntTensor:
         w = self.weight.int8()
-        self.saved = (x, w)
-        acc = check_int32(self.forward_acc(x.q, w.q, self.stride, self.padding), "conv forward")
-        return requantize(acc, x.exp + w.exp, self.fwd_round)
+        o, _, k, _ = w.q.shape
+        cols, oh, ow = im2col(x.q, k, k, self.stride, self.padding)
+        self.saved = (x, w, cols, oh, ow)
+        acc = int_matmul(cols, w.q.reshape(o, -1).T).reshape(x.q.shape[0], oh, ow, o).transpose(0, 3, 1, 2)
+        return requantize(check_int32(acc, "conv forward"), x.exp + w.exp, self.fwd_round)
 
     @staticmethod
     def backward_acc(x: np.ndarray, w: np.ndarray, g: np.ndarray, stride: int, padding: int):
@@ -183,9 +185,8 @@ class Conv2d(Layer):
         return gx, gw
 
     def backward(self, g: IntTensor) -> IntTensor | None:
-        x, w = self.saved
+        x, w, cols, oh, ow = self.saved
         o, _, k, _ = w.q.shape
-        cols, oh, ow = im2col(x.q, k, k, self.stride, self.padding)
         grows = g.q.transpose(0, 2, 3, 1).reshape(-1, o)
         self.weight.grad = check_int32(int_matmul(grows.T, cols).reshape(w.q.shape), "conv weight grad")
         self.weight.grad_exp = g.exp + x.exp

@@ -45,6 +45,9 @@ def validate_description(desc: dict, where: str = "model description") -> dict:
     if set(rounding) != set(DEFAULT_ROUNDING) or not all(v in ROUNDING_MODES for v in rounding.values()):
         raise MicroFormatError(f"{where}: rounding must map forward/backward/update to one of {ROUNDING_MODES}")
     seed = _int(desc, "seed", 0, 2**32 - 1, where, 0)
+    unknown = set(desc) - {"format", "input_shape", "weight_bits", "rounding", "seed", "layers", "num_classes"}
+    if unknown:
+        raise MicroFormatError(f"{where}: unknown keys {sorted(unknown)} (a saved model is loaded as a directory)")
     layers = desc.get("layers")
     if not isinstance(layers, list) or not 1 <= len(layers) <= MAX_LAYERS:
         raise MicroFormatError(f"{where}: layers must be a list of 1..{MAX_LAYERS} layer objects")
@@ -96,6 +99,8 @@ def validate_description(desc: dict, where: str = "model description") -> dict:
         norm.append(s)
     if len(cur) != 1:
         raise MicroFormatError(f"{where}: the last layer must output class scores (got shape {cur}); add flatten/linear")
+    if "num_classes" in desc and desc["num_classes"] != cur[0]:
+        raise MicroFormatError(f"{where}: num_classes {desc['num_classes']!r} but the layers output {cur[0]}")
     return {"format": FORMAT, "input_shape": list(shape), "num_classes": cur[0], "weight_bits": bits,
             "rounding": rounding, "seed": seed, "layers": norm}
 
@@ -233,7 +238,6 @@ def load_model(model_dir: str | os.PathLike) -> Sequential:
     doc = read_json(d / "model.json")
     params_doc = doc.pop("params", None)
     doc.pop("info", None)
-    doc.pop("num_classes", None)
     model = Sequential.from_description(doc)
     where = str(d / "weights.safetensors")
     tensors, _ = read_safetensors(d / "weights.safetensors")
