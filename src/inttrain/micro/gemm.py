@@ -27,7 +27,7 @@ MIN_F32_CHUNK = 64
 
 
 def _absmax(a: np.ndarray) -> int:
-    return int(np.abs(a.astype(np.int64)).max()) if a.size else 0
+    return max(int(a.max()), -int(a.min())) if a.size else 0   # no widening copy of the operand
 
 
 def exact_chunk(amax: int, bmax: int, limit: int = F32_EXACT) -> int:
