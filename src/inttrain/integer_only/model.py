@@ -1,0 +1,163 @@
+"""Sequential model built from micro's model description, and the integer training step / loops.
+
+The description format, its validation and the weight initialization are :mod:`inttrain.micro`'s
+(so both engines start from the *same* integer weights); this module only moves the codes into
+torch tensors (``torch.from_numpy``) and runs the arithmetic with torch integer ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import micro
+from ..micro.model import validate_description
+from .layers import Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU
+from .loss import display_loss, softmax_cross_entropy_grad
+from .ops import MAX_K, IntTensor
+
+
+class Sequential:
+    def __init__(self, layers: list[Layer], desc: dict):
+        self.layers, self.desc = layers, desc
+        if layers:
+            layers[0].need_input_grad = False    # the data needs no error
+
+    @classmethod
+    def from_micro(cls, model: "micro.Sequential", device: torch.device | str | None = None) -> "Sequential":
+        """The torch twin of a micro model, with a copy of its integer master weights."""
+        d = model.desc
+        r = d["rounding"]
+        layers: list[Layer] = []
+        for spec, ml in zip(d["layers"], model.layers):
+            t = spec["type"]
+            if t == "linear":
+                layers.append(Linear(Param.from_micro(ml.weight, device), r["forward"], r["backward"]))
+            elif t == "conv2d":
+                layers.append(Conv2d(Param.from_micro(ml.weight, device), spec["stride"], spec["padding"],
+                                     r["forward"], r["backward"]))
+            elif t == "maxpool2d":
+                layers.append(MaxPool2d(spec["kernel_size"]))
+            elif t == "relu":
+                layers.append(ReLU())
+            elif t == "flatten":
+                layers.append(Flatten())
+            else:                                  # pragma: no cover - the description is validated
+                raise ValueError(f"unsupported layer type {t!r}")
+        return cls(layers, dict(d))
+
+    @classmethod
+    def from_description(cls, desc: dict, device: torch.device | str | None = None) -> "Sequential":
+        """Validate ``desc`` and initialize exactly as ``inttrain.micro.Sequential.from_description``."""
+        return cls.from_micro(micro.Sequential.from_description(desc), device)
+
+    def to_micro(self) -> "micro.Sequential":
+        """A micro model holding a copy of these master weights (e.g. for ``micro.save_model``)."""
+        m = micro.Sequential.from_description(self.desc)
+        for (_, mp), (_, p) in zip(m.named_params(), self.named_params()):
+            mp.acc, mp.exp = p.acc.cpu().numpy().copy(), p.exp
+        return m
+
+    def named_params(self) -> list[tuple[str, Param]]:
+        return [(f"layers.{i}.weight", l.weight) for i, l in enumerate(self.layers) if hasattr(l, "weight")]
+
+    def params(self) -> list[Param]:
+        return [p for _, p in self.named_params()]
+
+    def forward(self, x: IntTensor) -> IntTensor:
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, g: IntTensor) -> None:
+        for layer in reversed(self.layers):
+            g = layer.backward(g)
+            if g is None:
+                break
+
+    def check_batch(self, batch_size: int) -> None:
+        """Weight-gradient reductions (batch, or batch * OH * OW for conv) must stay int32-safe (§8)."""
+        shape = tuple(self.desc["input_shape"])
+        for spec in self.desc["layers"]:
+            t = spec["type"]
+            if t == "linear":
+                shape = (spec["out_features"],)
+                k = batch_size
+            elif t == "conv2d":
+                kk, s, p = spec["kernel_size"], spec["stride"], spec["padding"]
+                shape = (spec["out_channels"], (shape[1] + 2 * p - kk) // s + 1, (shape[2] + 2 * p - kk) // s + 1)
+                k = batch_size * shape[1] * shape[2]
+            else:
+                if t == "maxpool2d":
+                    kk = spec["kernel_size"]
+                    shape = (shape[0], shape[1] // kk, shape[2] // kk)
+                elif t == "flatten":
+                    shape = (int(np.prod(shape)),)
+                continue
+            if k > MAX_K:
+                raise ValueError(f"batch size {batch_size} makes a weight-gradient reduction of {k} > {MAX_K}")
+
+
+@dataclass
+class StepResult:
+    logits: IntTensor       # int8 logits of the batch
+    error: IntTensor        # int8 dL/dlogits at exponent -7
+    p_q7: torch.Tensor      # integer softmax in Q7
+
+
+def train_step(model: Sequential, opt, x: IntTensor, y: torch.Tensor) -> StepResult:
+    """One integer-only SGD step: forward, softmax-CE gradient, backward, update. No float tensors."""
+    logits = model.forward(x)
+    err, p = softmax_cross_entropy_grad(logits, y)
+    model.backward(err)
+    opt.step()
+    return StepResult(logits, err, p)
+
+
+def _as_tensor(a, device=None) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
+    return t.to(device) if device is not None else t
+
+
+def _device(model: Sequential) -> torch.device:
+    ps = model.params()
+    return ps[0].acc.device if ps else torch.device("cpu")
+
+
+def train_epoch(model: Sequential, opt, x, x_exp: int, y, batch_size: int, seed: int = 0,
+                log=None, log_every: int = 0) -> tuple[float, float]:
+    """One pass in micro's order (``numpy.random.default_rng(seed).permutation``); (display loss, accuracy)."""
+    if tuple(x.shape[1:]) != tuple(model.desc["input_shape"]):
+        raise ValueError(f"x has sample shape {tuple(x.shape[1:])}, model wants {tuple(model.desc['input_shape'])}")
+    model.check_batch(batch_size)
+    dev = _device(model)
+    xt, yt = _as_tensor(x, dev), _as_tensor(y, dev).to(torch.int64)
+    if xt.dtype != torch.int8:
+        raise TypeError(f"x must be int8 codes, got {xt.dtype}")
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(xt))).to(dev)
+    losses, correct = [], 0
+    for step, start in enumerate(range(0, len(xt), batch_size)):
+        idx = order[start:start + batch_size]
+        yb = yt[idx]
+        r = train_step(model, opt, IntTensor(xt[idx], int(x_exp)), yb)
+        losses.append(display_loss(r.logits, yb))
+        correct += int((r.logits.q.argmax(dim=1) == yb).sum())
+        if log and log_every and (step + 1) % log_every == 0:
+            log(f"  step {step + 1} loss {np.mean(losses[-log_every:]):.4f}")
+    return float(np.mean(losses)), correct / max(1, len(xt))
+
+
+def predict(model: Sequential, x, x_exp: int, batch_size: int = 256) -> torch.Tensor:
+    xt = _as_tensor(x, _device(model))
+    out = [model.forward(IntTensor(xt[i:i + batch_size], int(x_exp))).q.argmax(dim=1)
+           for i in range(0, len(xt), batch_size)]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+
+
+def evaluate(model: Sequential, x, x_exp: int, y, batch_size: int = 256) -> float:
+    if len(x) == 0:
+        return 0.0
+    pred = predict(model, x, x_exp, batch_size).cpu()
+    return float((pred == _as_tensor(y).to(torch.int64).cpu()).sum()) / len(x)

@@ -1,0 +1,112 @@
+"""Integer helpers on torch integer tensors (docs/integer-training.md §1-§3).
+
+The twin of :mod:`inttrain.micro.ops`: rounding right shift (rne / pstoch / floor), saturating left
+shift, symmetric saturation and NITI requantization, all exact integer ops on int64 tensors. Scale
+exponents are plain Python ints. No floating-point tensor is ever created.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.matmul import int_mm
+
+ROUNDING_MODES = ("rne", "pstoch", "floor")
+INT8_MAX = 127
+INT32_MAX = 2**31 - 1
+INT32_LIMIT = INT32_MAX
+MAX_K = INT32_LIMIT // (127 * 127)   # 133144 (§8)
+
+_DTYPE_FOR_BITS = {8: torch.int8, 16: torch.int16, 32: torch.int32}
+
+
+@dataclass
+class IntTensor:
+    """Integer codes ``q`` (a torch integer tensor) with one power-of-two exponent: value = q * 2**exp."""
+
+    q: torch.Tensor
+    exp: int
+
+    def to_float(self) -> torch.Tensor:
+        """Dequantized float64 view (tests and display only; never used by a training step)."""
+        return self.q.to(torch.float64) * (2.0 ** self.exp)
+
+
+def qmax(bits: int) -> int:
+    return (1 << (bits - 1)) - 1
+
+
+def saturate(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """Clamp to the symmetric range [-(2**(bits-1)-1), 2**(bits-1)-1] (int64 result)."""
+    m = qmax(bits)
+    return torch.clamp(x.to(torch.int64), -m, m)
+
+
+def absmax(x: torch.Tensor) -> int:
+    """max |x| as a Python int (0 for an empty tensor), without a widening copy."""
+    if x.numel() == 0:
+        return 0
+    return max(int(x.max()), -int(x.min()))
+
+
+def shift_round(x: torch.Tensor, s: int, mode: str = "rne") -> torch.Tensor:
+    """x / 2**s rounded to an integer (s >= 0), int64 result; see §2 for the modes."""
+    if mode not in ROUNDING_MODES:
+        raise ValueError(f"unknown rounding mode {mode!r}; expected one of {ROUNDING_MODES}")
+    x = x.to(torch.int64)
+    s = int(s)
+    if s < 0:
+        raise ValueError("shift_round needs s >= 0; use shift_left_saturate for left shifts")
+    if s == 0:
+        return x.clone()
+    if s >= 63:
+        return torch.zeros_like(x)
+    q = x >> s                                    # arithmetic (flooring) shift on signed ints
+    if mode == "floor":
+        return q
+    r = x & ((1 << s) - 1)                        # the s discarded bits
+    if mode == "pstoch" and s >= 2:
+        m = s // 2
+        u = r >> (s - m)
+        v = r & ((1 << m) - 1)
+        return q + (u > v).to(torch.int64)
+    half = 1 << (s - 1)
+    up = (r > half) | ((r == half) & ((q & 1) == 1))
+    return q + up.to(torch.int64)
+
+
+def shift_left_saturate(x: torch.Tensor, k: int, limit: int = INT32_MAX) -> torch.Tensor:
+    """x * 2**k saturated to [-limit, limit] without int64 overflow (k >= 0)."""
+    x = x.to(torch.int64)
+    k = int(k)
+    if k >= 62:
+        return torch.sign(x) * limit
+    bound = (limit >> k) + 1
+    return torch.clamp(torch.clamp(x, -bound, bound) << k, -limit, limit)
+
+
+def shift(x: torch.Tensor, s: int, mode: str = "rne", limit: int = INT32_MAX) -> torch.Tensor:
+    """Multiply by 2**-s: rounding right shift for s >= 0, saturating left shift for s < 0."""
+    return shift_round(x, s, mode) if s >= 0 else shift_left_saturate(x, -s, limit)
+
+
+def requantize(acc: torch.Tensor, exp: int, mode: str = "rne", bits: int = 8) -> IntTensor:
+    """Accumulator (value acc * 2**exp) -> ``bits``-bit codes: s = max(0, bitlen(max|acc|) - (bits-1))."""
+    m = absmax(acc)
+    s = max(0, m.bit_length() - (bits - 1))
+    q = saturate(shift_round(acc, s, mode), bits)
+    return IntTensor(q.to(_DTYPE_FOR_BITS[8 if bits <= 8 else (16 if bits <= 16 else 32)]), int(exp) + s)
+
+
+def check_int32(acc: torch.Tensor, what: str) -> torch.Tensor:
+    """The spec's accumulators are int32; shapes are validated so this never fires."""
+    if absmax(acc) > INT32_LIMIT:
+        raise OverflowError(f"{what}: int32 accumulator overflow")
+    return acc
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact integer a @ b on the project's integer kernel (torch._int_mm); int32 (int64 if K is huge)."""
+    return int_mm(a, b)
