@@ -28,7 +28,8 @@ FilterFn = Callable[[nn.Module, str], bool]
 
 
 def recipe_names() -> list[str]:
-    return sorted(RECIPES)
+    """Recipe names in registration order: the baselines (fp32, int8) first, then the literature's recipes."""
+    return list(RECIPES)
 
 
 def get_config(config: RecipeConfig | str) -> RecipeConfig:
@@ -72,6 +73,7 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
     if not cfg.converts_layers():
         return model
     converted, skipped = 0, []
+    recipe_filter = cfg.layer_filter(model)
     for layer_id, (fqn, module) in enumerate(model.named_modules()):
         if isinstance(module, (QLinear, QConv2d)):
             restore_module(module)  # re-preparing replaces the old precision
@@ -80,6 +82,8 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
         reason = _unsupported_reason(module)
         if reason is None and filter_fn is not None and not filter_fn(module, fqn):
             reason = "excluded by filter_fn"
+        if reason is None and recipe_filter is not None and not recipe_filter(module, fqn):
+            reason = f"kept in float by recipe {cfg.name!r}"
         precision = cfg.precision_for(module, fqn or type(module).__name__) if reason is None else None
         if reason is None and precision is None:
             reason = f"left in float by recipe {cfg.name!r}"
@@ -89,6 +93,9 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
             continue
         layer_cls = QLinear if type(module) is nn.Linear else QConv2d
         layer_cls.convert(module, precision, seed=cfg.seed, layer_id=layer_id)
+        hooks = cfg.hooks_for(module, fqn)
+        if hooks is not None:
+            module.hooks = hooks
         converted += 1
     log.info("inttrain: recipe %s converted %d layers, kept %d in float", cfg.name, converted, len(skipped))
     return model

@@ -14,6 +14,8 @@ convolution already in forward, so backward keeps its int8 codes instead of the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -59,7 +61,7 @@ def _quantize_activation(x: torch.Tensor, spec: QuantSpec, seed: int, per_channe
     n, c, h, w = x.shape
     rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)  # a view: channels-last memory is NHWC
     if not per_channel:
-        spec = QuantSpec(spec.fmt, PerTensor(), spec.rounding, spec.scale_kind)
+        spec = dataclasses.replace(spec, granularity=PerTensor())
     codes, scale = quantize_matrix(rows, spec, 1, seed=seed, zero_point=zero_point)
     return codes.reshape(n, h, w, c).permute(0, 3, 1, 2), scale.reshape(-1)
 
@@ -72,7 +74,7 @@ def _quantize_weight(w: torch.Tensor, spec: QuantSpec, seed: int, per_input_chan
             rows = w.transpose(0, 1).reshape(cin, -1)
             codes, scale = quantize_matrix(rows, spec, 0, seed=seed)
             return codes.reshape(cin, w.shape[0], *w.shape[2:]).transpose(0, 1).contiguous(), scale.reshape(-1)
-        spec = QuantSpec(spec.fmt, PerTensor(), spec.rounding, spec.scale_kind)
+        spec = dataclasses.replace(spec, granularity=PerTensor())
     codes, scale = quantize_matrix(w.reshape(w.shape[0], -1), spec, 0, seed=seed)
     return codes.reshape(w.shape), scale.reshape(-1)
 
@@ -82,12 +84,13 @@ def _non_finite_grads(ctx, weight: torch.Tensor):
     nan = float("nan")
     dx = torch.full(ctx.x_shape, nan, dtype=ctx.x_dtype) if ctx.needs_input_grad[0] else None
     db = torch.full((weight.shape[0],), nan, dtype=weight.dtype) if ctx.has_bias else None
-    return dx, torch.full_like(weight, nan), db, None, None, None
+    return dx, torch.full_like(weight, nan), db, None, None, None, None
 
 
 class _IntConv2dFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, geom: ConvGeometry, prec: LayerPrecision, seeds: tuple[int, int, int]):
+    def forward(ctx, x, weight, bias, geom: ConvGeometry, prec: LayerPrecision, seeds: tuple[int, int, int],
+                grad_hook=None):
         fwd, gw = prec.forward, prec.grad_weight
         xf = x.to(torch.float32)
         if fwd.integer:
@@ -110,7 +113,7 @@ class _IntConv2dFn(torch.autograd.Function):
             ctx.save_for_backward(weight, qx_gw, sx_gw)
         else:
             ctx.save_for_backward(weight, xf)
-        ctx.geom, ctx.prec, ctx.seeds, ctx.has_bias = geom, prec, seeds, bias is not None
+        ctx.geom, ctx.prec, ctx.seeds, ctx.has_bias, ctx.grad_hook = geom, prec, seeds, bias is not None, grad_hook
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         return y.to(x.dtype)
 
@@ -119,6 +122,8 @@ class _IntConv2dFn(torch.autograd.Function):
         weight, *saved = ctx.saved_tensors
         geom, prec, seeds = ctx.geom, ctx.prec, ctx.seeds
         dyf = dy.to(torch.float32)
+        if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
+            dyf = ctx.grad_hook(dyf, seeds[2] ^ 0x2545F491)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             gi = prec.grad_input
@@ -147,14 +152,17 @@ class _IntConv2dFn(torch.autograd.Function):
             dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dyf.sum((0, 2, 3)).to(weight.dtype)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def int_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geom: ConvGeometry,
-               prec: LayerPrecision, seeds: tuple[int, int, int] = (0, 0, 0)) -> torch.Tensor:
-    """``F.conv2d`` with all three convolutions in integer arithmetic as configured by ``prec``."""
+               prec: LayerPrecision, seeds: tuple[int, int, int] = (0, 0, 0), grad_hook=None) -> torch.Tensor:
+    """``F.conv2d`` with all three convolutions in integer arithmetic as configured by ``prec``.
+
+    ``grad_hook(dy, seed) -> dy``, if given, transforms the float output gradient before it is quantized.
+    """
     if x.dim() != 4:
         raise ValueError(f"conv2d expects a 4-D NCHW input, got shape {tuple(x.shape)}")
     if x.shape[1] != weight.shape[1] * geom.groups:
         raise ValueError(f"conv2d input has {x.shape[1]} channels, the layer expects {weight.shape[1] * geom.groups}")
-    return _IntConv2dFn.apply(x, weight, bias, geom, prec, seeds)
+    return _IntConv2dFn.apply(x, weight, bias, geom, prec, seeds, grad_hook)

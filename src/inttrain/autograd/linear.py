@@ -34,12 +34,12 @@ def _non_finite_grads(ctx, weight: torch.Tensor):
     nan = float("nan")
     dx = torch.full(ctx.x_shape, nan, dtype=ctx.x_dtype, device=weight.device) if ctx.needs_input_grad[0] else None
     db = torch.full((weight.shape[0],), nan, dtype=weight.dtype, device=weight.device) if ctx.has_bias else None
-    return dx, torch.full_like(weight, nan), db, None, None
+    return dx, torch.full_like(weight, nan), db, None, None, None
 
 
 class _IntLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, weight, bias, prec: LayerPrecision, seeds: GemmSeeds):
+    def forward(ctx, x2, weight, bias, prec: LayerPrecision, seeds: GemmSeeds, grad_hook=None):
         # x2 is 2-D: int_linear flattens leading dims outside the Function, so the output is no view of
         # a Function-internal tensor (in-place ops such as ReLU(inplace=True) after the layer stay legal).
         fwd, gw = prec.forward, prec.grad_weight
@@ -60,7 +60,7 @@ class _IntLinearFn(torch.autograd.Function):
             ctx.save_for_backward(weight, qx_gw, sx_gw)
         else:
             ctx.save_for_backward(weight, x2)
-        ctx.prec, ctx.seeds, ctx.has_bias = prec, seeds, bias is not None
+        ctx.prec, ctx.seeds, ctx.has_bias, ctx.grad_hook = prec, seeds, bias is not None, grad_hook
         ctx.x_shape, ctx.x_dtype = x2.shape, x2.dtype
         return y.to(x2.dtype)
 
@@ -69,6 +69,8 @@ class _IntLinearFn(torch.autograd.Function):
         weight, *saved = ctx.saved_tensors
         prec, seeds = ctx.prec, ctx.seeds
         dy2 = dy.to(torch.float32)
+        if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
+            dy2 = ctx.grad_hook(dy2, seeds[2] ^ 0x2545F491)
         dx = dw = db = None
         if ctx.needs_input_grad[1]:
             if prec.grad_weight.integer:
@@ -93,13 +95,17 @@ class _IntLinearFn(torch.autograd.Function):
             dx = dx.to(ctx.x_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0).to(weight.dtype)
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 def int_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prec: LayerPrecision,
-               seeds: GemmSeeds = (0, 0, 0)) -> torch.Tensor:
-    """``F.linear`` with all three GEMMs in integer arithmetic as configured by ``prec``."""
+               seeds: GemmSeeds = (0, 0, 0), grad_hook=None) -> torch.Tensor:
+    """``F.linear`` with all three GEMMs in integer arithmetic as configured by ``prec``.
+
+    ``grad_hook(dy, seed) -> dy``, if given, transforms the float output gradient before it is quantized
+    (a recipe's gradient clipping or noise); it sees the 2-D ``[rows, out_features]`` gradient.
+    """
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear input has {x.shape[-1]} features, the layer expects {weight.shape[1]}")
-    y = _IntLinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, prec, seeds)
+    y = _IntLinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, prec, seeds, grad_hook)
     return y.reshape(*x.shape[:-1], weight.shape[0])

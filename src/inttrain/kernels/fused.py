@@ -39,6 +39,8 @@ def _quantize_matrix_impl(
         amax = x.abs().amax(dim=1 - kept_axis, keepdim=True)
     else:
         amax = x.abs().amax().reshape(1, 1)
+    if spec.fixed_amax is not None:
+        amax = torch.full_like(amax, spec.fixed_amax)
     scale = scale_from_amax(amax, spec.fmt, spec.scale_kind)
     codes = round_and_clamp(x / scale, spec.fmt, spec.rounding, seed)
     dtype = storage_dtype(spec.fmt) if zero_point == 0 else torch.uint8

@@ -28,6 +28,9 @@ class IntLayerMixin:
     """
 
     float_class: type[nn.Module]
+    #: Optional per-layer recipe state (see :class:`inttrain.recipes.base.LayerHooks`): float elementwise
+    #: transforms of the input / weight before quantization and of the output gradient in backward.
+    hooks = None
     precision: LayerPrecision
     seed: int
     layer_id: int
@@ -56,13 +59,23 @@ class IntLayerMixin:
         return f"{super().extra_repr()}, precision=[{self.precision.describe()}]"  # type: ignore[misc]
 
 
+def _apply_hooks(layer, x: torch.Tensor):
+    """``(x, weight, grad_hook)`` after the layer's recipe hooks (identity when it has none)."""
+    hooks = layer.hooks
+    if hooks is None:
+        return x, layer.weight, None
+    x, w = hooks.forward_operands(layer, x, layer.weight)
+    return x, w, hooks.grad_output if layer.training else None
+
+
 class QLinear(IntLayerMixin, nn.Linear):
     """``nn.Linear`` whose forward, input-gradient and weight-gradient GEMMs run on integer kernels."""
 
     float_class = nn.Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return int_linear(x, self.weight, self.bias, self.precision, self._next_seeds())
+        x, w, hook = _apply_hooks(self, x)
+        return int_linear(x, w, self.bias, self.precision, self._next_seeds(), grad_hook=hook)
 
 
 class QConv2d(IntLayerMixin, nn.Conv2d):
@@ -83,13 +96,14 @@ class QConv2d(IntLayerMixin, nn.Conv2d):
         from ..autograd.conv import ConvGeometry, int_conv2d
 
         geom = ConvGeometry(tuple(self.stride), tuple(self.padding), tuple(self.dilation), self.groups)
-        return int_conv2d(x, self.weight, self.bias, geom, self.precision, self._next_seeds())
+        x, w, hook = _apply_hooks(self, x)
+        return int_conv2d(x, w, self.bias, geom, self.precision, self._next_seeds(), grad_hook=hook)
 
 
 def restore_module(module: nn.Module) -> nn.Module:
     """Switch an integer layer back to its plain torch class (in place)."""
     if isinstance(module, IntLayerMixin):
         module.__class__ = module.float_class
-        for attr in ("precision", "seed", "layer_id", "calls"):
+        for attr in ("precision", "seed", "layer_id", "calls", "hooks"):
             module.__dict__.pop(attr, None)
     return module

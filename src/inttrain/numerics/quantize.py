@@ -147,6 +147,8 @@ def quantize(
     rounding_seed = _seed_from(seed, generator) if spec.rounding is Rounding.STOCHASTIC else 0
     amax = absmax(x, spec.granularity)
     check_finite(amax)
+    if spec.fixed_amax is not None:
+        amax = torch.full_like(amax, spec.fixed_amax)
     scale = scale_from_amax(amax, fmt, spec.scale_kind)
     if isinstance(spec.granularity, PerBlock):
         v = _blocked_view(x, spec.granularity) / scale

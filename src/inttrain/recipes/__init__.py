@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from .base import RecipeConfig
+from .base import LayerHooks, RecipeConfig
+from .dorefa import DoReFaConfig
 from .fp32 import Fp32Config
 from .int8_mixed import Int8MixedConfig
+from .sbm import SbmConfig
+from .unified_int8 import UnifiedInt8Config
 
-__all__ = ["RecipeConfig", "Fp32Config", "Int8MixedConfig", "RECIPES", "from_name"]
+__all__ = ["RecipeConfig", "LayerHooks", "Fp32Config", "Int8MixedConfig", "DoReFaConfig", "UnifiedInt8Config", "SbmConfig", "RECIPES", "from_name"]
 
 RECIPES: dict[str, type[RecipeConfig]] = {
     "fp32": Fp32Config,
     "int8": Int8MixedConfig,
     "int8-mixed": Int8MixedConfig,
+    "dorefa": DoReFaConfig,
+    "unified-int8": UnifiedInt8Config,
+    "sbm": SbmConfig,
 }
 
 
@@ -20,5 +26,5 @@ def from_name(name: str, **overrides) -> RecipeConfig:
     try:
         cls = RECIPES[name]
     except KeyError:
-        raise ValueError(f"unknown recipe {name!r}; allowed: {', '.join(sorted(RECIPES))}") from None
+        raise ValueError(f"unknown recipe {name!r}; allowed: {', '.join(RECIPES)}") from None
     return cls(**overrides)

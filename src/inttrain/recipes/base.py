@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from ..spec import LayerPrecision
 
-__all__ = ["RecipeConfig"]
+__all__ = ["RecipeConfig", "LayerHooks"]
+
+
+class LayerHooks:
+    """Per-layer recipe state attached by :func:`inttrain.prepare_` (``layer.hooks``); identity by default.
+
+    ``forward_operands`` returns the (float, differentiable) input and weight handed to the integer GEMMs;
+    ``grad_output(dy, seed)`` transforms the float output gradient in backward before it is quantized.
+    """
+
+    def forward_operands(self, layer: nn.Module, x: torch.Tensor, weight: torch.Tensor):
+        return x, weight
+
+    def grad_output(self, dy: torch.Tensor, seed: int) -> torch.Tensor:
+        return dy
 
 
 @dataclass(frozen=True)
@@ -23,6 +38,14 @@ class RecipeConfig:
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
         raise NotImplementedError
+
+    def hooks_for(self, module: nn.Module, fqn: str) -> LayerHooks | None:
+        """Per-layer transforms/state for ``module`` (None: the plain integer layer)."""
+        return None
+
+    def layer_filter(self, model: nn.Module):
+        """A recipe-level ``(module, fqn) -> bool`` for ``model`` (e.g. keep first/last layer float), or None."""
+        return None
 
     def converts_layers(self) -> bool:
         """False for float baselines (fp32), which leave the model untouched."""

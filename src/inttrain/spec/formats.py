@@ -170,8 +170,13 @@ class QuantSpec:
     rounding: Rounding = Rounding.NEAREST_EVEN
     scale_kind: ScaleKind = ScaleKind.FLOAT
     overflow: Overflow = Overflow.SATURATE
+    #: If set, the range is this fixed value instead of the data's amax (``s = fixed_amax / qmax``; values
+    #: beyond it saturate).  Recipes whose transforms put values on a known grid (DoReFa's [0, 1] codes) use it.
+    fixed_amax: float | None = None
 
     def __post_init__(self) -> None:
+        if self.fixed_amax is not None and not (isinstance(self.fixed_amax, (int, float)) and 0 < self.fixed_amax < float("inf")):
+            raise UnsupportedFormatError(f"fixed_amax must be a positive finite number or None, got {self.fixed_amax!r}")
         if not isinstance(self.fmt, IntFormat):
             raise UnsupportedFormatError(f"fmt must be an IntFormat, got {self.fmt!r}")
         if not isinstance(self.rounding, Rounding):
@@ -184,4 +189,5 @@ class QuantSpec:
     def __str__(self) -> str:
         r = {Rounding.NEAREST_EVEN: "rne", Rounding.STOCHASTIC: "sr", Rounding.FLOOR: "floor"}[self.rounding]
         p2 = ",pow2" if self.scale_kind is ScaleKind.POW2 else ""
-        return f"{self.fmt}/{self.granularity}/{r}{p2}"
+        fixed = "" if self.fixed_amax is None else f",amax={self.fixed_amax:g}"
+        return f"{self.fmt}/{self.granularity}/{r}{p2}{fixed}"

@@ -1,0 +1,156 @@
+"""``dorefa``: DoReFa-Net (Zhou et al. 2016, arXiv:1606.06160) — low-bit weights, activations and gradients.
+
+The paper's three quantizers, all built on ``q_k(r) = round((2^k - 1) r) / (2^k - 1)`` for ``r in [0, 1]``
+(Eq. 5), with the straight-through estimator (STE) for the rounding:
+
+- weights (Eq. 9):      ``w_k = 2 q_k( tanh(w) / (2 max|tanh(w)|) + 1/2 ) - 1``   (``w_bits``)
+- activations (Eq. 11): ``a_k = q_k( clip(x, 0, 1) )``                           (``a_bits``)
+- gradients (Eq. 12):   ``dr_k = 2 max|dr| [ q_k( dr / (2 max|dr|) + 1/2 + N(k) ) - 1/2 ]``,
+  ``N(k) = sigma / (2^k - 1)``, ``sigma ~ U(-1/2, 1/2)``                          (``g_bits``)
+
+What runs on integer kernels: after these transforms every GEMM operand lies exactly on an integer grid,
+and the GEMMs multiply those integer codes (int32 accumulation) and rescale once:
+
+- ``w_k = m / (2^k - 1)`` with odd integers ``|m| <= 2^k - 1``: codes of a signed ``(w_bits + 1)``-bit
+  format with the fixed range 1 (``QuantSpec.fixed_amax = 1``), so the integer code *is* ``m``;
+- ``a_k = n / (2^k - 1)``, ``n in [0, 2^k - 1]``: signed ``(a_bits + 1)``-bit codes, fixed range 1, code ``n``;
+- ``dr_k = max|dr| * m / (2^k - 1)``: signed ``(g_bits + 1)``-bit codes with the per-tensor amax scale,
+  which equals ``max|dr| / (2^k - 1)`` because the largest-magnitude element always keeps the extreme code
+  (its noise is strictly inside ``(-1/2, 1/2)`` and it is clipped to the end of the range).
+
+So the forward GEMM ``a_k W_k^T``, the input-gradient GEMM ``dr_k W_k`` and the weight-gradient GEMM
+``dr_k^T a_k`` are exact integer products of the paper's quantized values.  The tanh/clip/normalise/noise
+transforms themselves are float32 elementwise passes (as in the paper's own GPU implementation).
+
+Differences from the paper:
+
+- the signed GEMM formats spend one extra bit (``k + 1``) because the codes above are odd integers or
+  non-negative; Linear layers therefore accept ``k`` up to 15 (codes beyond 8 bits run exactly on int8
+  kernels via the int16 split) and Conv2d layers, whose kernels are int8-only, ``k`` up to 7;
+- 1-bit weights (the paper's Eq. 7, ``sign(w) * E|w|``) and 1-bit activations are not offered: k >= 2;
+- the gradient noise is drawn from inttrain's counter-based hash (reproducible), and ``q_k``'s argument is
+  clipped to ``[0, 1]`` as in the authors' tensorpack code;
+- the activation quantizer is applied to the *input* of every converted layer (so ``clip(x, 0, 1)``
+  replaces whatever the previous nonlinearity left above 1); the paper's 1-bit-per-channel scaling and
+  its float first/last layers are matched by ``first_last_float=True`` (the first and last converted
+  Linear/Conv2d in module order stay float32, as in the paper's experiments).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..numerics.hashing import uniform_from_counter
+from ..spec import GemmPrecision, LayerPrecision, PerTensor, QuantSpec, UnsupportedFormatError
+from ..spec.formats import IntFormat
+from .base import LayerHooks, RecipeConfig
+
+__all__ = ["DoReFaConfig", "quantize_k", "dorefa_weight", "dorefa_activation", "dorefa_gradient"]
+
+MIN_K, MAX_K_LINEAR, MAX_K_CONV = 2, 15, 7
+
+
+def _ste_round(v: torch.Tensor) -> torch.Tensor:
+    """``round(v)`` forward, identity gradient (straight-through estimator)."""
+    return v + (torch.round(v) - v).detach()
+
+
+def quantize_k(r: torch.Tensor, k: int) -> torch.Tensor:
+    """Eq. 5: ``q_k(r) = round((2^k - 1) r) / (2^k - 1)`` for ``r`` in [0, 1] (STE gradient)."""
+    n = float((1 << k) - 1)
+    return _ste_round(r * n) / n
+
+
+def dorefa_weight(w: torch.Tensor, k: int) -> torch.Tensor:
+    """Eq. 9: ``2 q_k(tanh(w) / (2 max|tanh(w)|) + 1/2) - 1`` (differentiable through tanh and the max)."""
+    t = torch.tanh(w)
+    return 2.0 * quantize_k(t / (2.0 * t.abs().max().clamp_min(1e-12)) + 0.5, k) - 1.0
+
+
+def dorefa_activation(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Eq. 11 with the paper's bounded activation: ``q_k(clip(x, 0, 1))``."""
+    return quantize_k(x.clamp(0.0, 1.0), k)
+
+
+def dorefa_gradient(dr: torch.Tensor, k: int, seed: int = 0, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Eq. 12: ``2 max|dr| [q_k(clip(dr / (2 max|dr|) + 1/2 + N(k), 0, 1)) - 1/2]``, ``N(k) = sigma / (2^k - 1)``.
+
+    ``noise`` (``sigma``, uniform in (-1/2, 1/2)) is drawn from ``seed`` unless given.
+    """
+    n = float((1 << k) - 1)
+    m = dr.abs().max()
+    if not torch.isfinite(m) or m == 0:
+        return dr  # non-finite gradients pass through to the layer's NaN guard; zero stays zero
+    if noise is None:  # strictly inside (-1/2, 1/2): the extreme element keeps its extreme code
+        noise = uniform_from_counter(dr.shape, seed, dr.device) - 0.5 + 2.0**-25
+    r = (dr / (2.0 * m) + 0.5 + noise / n).clamp(0.0, 1.0)
+    return 2.0 * m * (torch.round(r * n) / n - 0.5)
+
+
+class _DoReFaHooks(LayerHooks):
+    def __init__(self, w_bits: int, a_bits: int, g_bits: int | None):
+        self.w_bits, self.a_bits, self.g_bits = w_bits, a_bits, g_bits
+
+    def forward_operands(self, layer, x, weight):
+        return dorefa_activation(x, self.a_bits), dorefa_weight(weight, self.w_bits)
+
+    def grad_output(self, dy, seed):
+        return dy if self.g_bits is None else dorefa_gradient(dy, self.g_bits, seed)
+
+
+@dataclass(frozen=True)
+class DoReFaConfig(RecipeConfig):
+    """Config of the ``dorefa`` recipe.
+
+    Args:
+        w_bits, a_bits, g_bits: the paper's ``k`` for weights, activations and gradients (2..15 for
+            Linear, 2..7 for Conv2d; see the module docstring for why); ``g_bits=None`` keeps gradients
+            float32 (the dx and dW GEMMs then run in float, as in the paper's "32-bit gradient" rows).
+        first_last_float: keep the first and last Linear/Conv2d of the model in float32 (paper Sec. 2.7).
+    """
+
+    name = "dorefa"
+    w_bits: int = 8
+    a_bits: int = 8
+    g_bits: int | None = 8
+    first_last_float: bool = True
+
+    def __post_init__(self) -> None:
+        for field_name in ("w_bits", "a_bits", "g_bits"):
+            v = getattr(self, field_name)
+            if v is None and field_name == "g_bits":
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or not MIN_K <= v <= MAX_K_LINEAR:
+                raise UnsupportedFormatError(
+                    f"dorefa {field_name}={v!r}: allowed {MIN_K} to {MAX_K_LINEAR} bits for Linear layers,"
+                    f" {MIN_K} to {MAX_K_CONV} for Conv2d (int8 conv kernels), g_bits may also be None (float gradients)"
+                )
+
+    def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
+        bits = [self.w_bits, self.a_bits] + ([self.g_bits] if self.g_bits is not None else [])
+        if isinstance(module, nn.Conv2d) and max(bits) > MAX_K_CONV:
+            raise UnsupportedFormatError(
+                f"dorefa layer {fqn!r}: Conv2d allows {MIN_K} to {MAX_K_CONV} bits (k-bit DoReFa codes need k+1-bit"
+                f" signed GEMM codes and integer convolutions are int8-only), got w/a/g = "
+                f"{self.w_bits}/{self.a_bits}/{self.g_bits}; keep the layer float with filter_fn or lower the bits"
+            )
+        w = QuantSpec(IntFormat(self.w_bits + 1), PerTensor(), fixed_amax=1.0)
+        a = QuantSpec(IntFormat(self.a_bits + 1), PerTensor(), fixed_amax=1.0)
+        if self.g_bits is None:
+            float_gemm = GemmPrecision(w, w, integer=False)
+            return LayerPrecision(forward=GemmPrecision(a, w), grad_input=float_gemm, grad_weight=float_gemm)
+        g = QuantSpec(IntFormat(self.g_bits + 1), PerTensor())
+        return LayerPrecision(forward=GemmPrecision(a, w), grad_input=GemmPrecision(g, w), grad_weight=GemmPrecision(g, a))
+
+    def hooks_for(self, module: nn.Module, fqn: str) -> LayerHooks:
+        return _DoReFaHooks(self.w_bits, self.a_bits, self.g_bits)
+
+    def layer_filter(self, model: nn.Module):
+        if not self.first_last_float:
+            return None
+        layers = [m for m in model.modules() if type(m) in (nn.Linear, nn.Conv2d)]
+        ends = {id(layers[0]), id(layers[-1])} if layers else set()
+        return lambda module, fqn: id(module) not in ends

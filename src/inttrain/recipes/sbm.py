@@ -1,0 +1,70 @@
+"""``sbm``: Banner, Hubara, Hoffer, Soudry, "Scalable Methods for 8-bit Training of Neural Networks",
+NeurIPS 2018.
+
+- 8-bit weights and activations in the forward GEMM (Sec. 5);
+- **gradient bifurcation** (Sec. 5, "Gradients bifurcation"): the output gradient is quantized to
+  8 bits for the input-gradient GEMM ``dx = dy W`` (the error that keeps propagating) and to 16 bits
+  for the weight-gradient GEMM ``dW = dy^T x`` (which feeds the update only);
+- **stochastic rounding** of the gradients (Sec. 5), unbiased;
+- **Range Batch Normalization** (Sec. 4, Eq. 4-5): :class:`inttrain.nn.range_bn.RangeBatchNorm2d`;
+  swap a model's BatchNorm2d with :func:`inttrain.nn.range_bn.use_range_bn_` (``prepare_`` only converts
+  Linear/Conv2d layers).
+
+What is integer arithmetic: all three GEMMs.  The 16-bit ``dW`` GEMM of a Linear layer is exact on int8
+kernels (each int16 code split into two int8 halves, ``kernels.matmul.split_int16``).  Integer
+convolutions are int8-only, so a Conv2d with ``wgrad_bits > 8`` fails at ``prepare_`` time with the
+options (``wgrad_bits=8`` for the convolutions, or keep them float with ``filter_fn``).
+
+Differences from the paper: scales are per output channel / per row as in the ``int8`` recipe (the
+paper quantizes per tensor, with its GEMMLOWP-style min/max); the paper's 8-bit Range BN arithmetic
+itself is simulated in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..spec import LayerPrecision, Rounding, UnsupportedFormatError
+from ..spec.formats import MAX_BITS, MIN_BITS
+from .base import RecipeConfig
+from .int8_mixed import Int8MixedConfig
+
+__all__ = ["SbmConfig"]
+
+
+@dataclass(frozen=True)
+class SbmConfig(RecipeConfig):
+    """Config of the ``sbm`` recipe.
+
+    Args:
+        bits: weights and activations (2..8).
+        grad_bits: output gradient for the ``dx`` GEMM (2..8; the paper: 8).
+        wgrad_bits: output gradient for the ``dW`` GEMM (2..16; the paper: 16; Conv2d layers: at most 8).
+        grad_rounding: rounding of both gradient copies (the paper: stochastic).
+    """
+
+    name = "sbm"
+    bits: int = 8
+    grad_bits: int = 8
+    wgrad_bits: int = 16
+    grad_rounding: Rounding = Rounding.STOCHASTIC
+
+    def __post_init__(self) -> None:
+        for field_name, hi in (("bits", 8), ("grad_bits", 8), ("wgrad_bits", MAX_BITS)):
+            v = getattr(self, field_name)
+            if not isinstance(v, int) or isinstance(v, bool) or not MIN_BITS <= v <= hi:
+                raise UnsupportedFormatError(f"sbm {field_name}={v!r}: allowed {MIN_BITS} to {hi}")
+
+    def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
+        if isinstance(module, nn.Conv2d) and self.wgrad_bits > 8:
+            raise UnsupportedFormatError(
+                f"sbm layer {fqn!r}: gradient bifurcation needs a {self.wgrad_bits}-bit weight-gradient convolution,"
+                f" but integer convolutions support {MIN_BITS} to 8 bits; use SbmConfig(wgrad_bits=8) for"
+                " convolutional models or keep Conv2d layers float with filter_fn"
+            )
+        low = Int8MixedConfig(bits=self.bits, grad_bits=self.grad_bits, grad_rounding=self.grad_rounding)
+        wide = Int8MixedConfig(bits=self.bits, grad_bits=self.wgrad_bits, grad_rounding=self.grad_rounding)
+        return dataclasses.replace(low.precision_for(module, fqn), grad_weight=wide.precision_for(module, fqn).grad_weight)

@@ -1,0 +1,115 @@
+"""DoReFa-Net (Zhou et al. 2016): the quantizers equal the paper's equations; integer GEMMs are exact; digits."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import inttrain
+from inttrain.kernels import int_kernel_calls, reset_kernel_calls
+from inttrain.recipes import DoReFaConfig, from_name
+from inttrain.recipes.dorefa import dorefa_activation, dorefa_gradient, dorefa_weight, quantize_k
+from inttrain.spec import UnsupportedFormatError
+from digits_utils import cnn as _cnn, mlp as _mlp, train as _train
+
+
+def test_quantize_k_eq5_by_hand():
+    # k=2: 2^k - 1 = 3 levels; round half to even: 1.5 -> 2
+    r = torch.tensor([0.0, 0.5, 1 / 3, 0.9, 1.0])
+    assert torch.allclose(quantize_k(r, 2), torch.tensor([0.0, 2 / 3, 1 / 3, 1.0, 1.0]))
+
+
+def test_weight_eq9_by_hand():
+    # tanh = [0, .76159, -.96403]; u = t / (2 * .96403) + 1/2 = [.5, .89500, 0]; 3u = [1.5, 2.685, 0] -> [2, 3, 0]
+    w = torch.tensor([0.0, 1.0, -2.0])
+    assert torch.allclose(dorefa_weight(w, 2), torch.tensor([1 / 3, 1.0, -1.0]))
+
+
+def test_activation_eq11_by_hand():
+    x = torch.tensor([-0.5, 0.2, 0.6, 1.7])  # clip -> [0, .2, .6, 1]; x3 -> [0, .6, 1.8, 3] -> [0, 1, 2, 3]
+    assert torch.allclose(dorefa_activation(x, 2), torch.tensor([0.0, 1 / 3, 2 / 3, 1.0]))
+
+
+def test_activation_ste_gradient_is_one_inside_the_clip():
+    x = torch.tensor([-0.5, 0.2, 0.6, 1.7], requires_grad=True)
+    dorefa_activation(x, 2).sum().backward()
+    assert x.grad.tolist() == [0.0, 1.0, 1.0, 0.0]
+
+
+def test_gradient_eq12_by_hand():
+    dr = torch.tensor([-2.0, 1.0, 0.5, 2.0])
+    # max|dr| = 2; r = dr / 4 + 1/2 = [0, .75, .625, 1]; 3r = [0, 2.25, 1.875, 3]
+    no_noise = dorefa_gradient(dr, 2, noise=torch.zeros(4))  # -> [0, 2, 2, 3] / 3 - 1/2, times 4
+    assert torch.allclose(no_noise, torch.tensor([-2.0, 2 / 3, 2 / 3, 2.0]))
+    # N(k) = sigma / 3 with sigma = 0.4 on element 1: 3r + 0.4 = 2.65 -> 3 -> 4 * (1 - 1/2) = 2
+    noisy = dorefa_gradient(dr, 2, noise=torch.tensor([0.0, 0.4, -0.4, 0.0]))  # element 2: 1.475 -> 1
+    assert torch.allclose(noisy, torch.tensor([-2.0, 2.0, -2 / 3, 2.0]))
+
+
+def test_gradient_noise_is_unbiased_and_keeps_the_extremes():
+    torch.manual_seed(0)
+    dr = torch.randn(20000)
+    q = dorefa_gradient(dr, 3, seed=7)
+    assert float(q.abs().max()) == pytest.approx(float(dr.abs().max()))
+    assert float((q - dr).mean()) == pytest.approx(0.0, abs=0.02)
+
+
+def test_integer_gemms_multiply_the_papers_values_exactly():
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 8)
+    ref_w = dorefa_weight(layer.weight.detach(), 4)
+    x = torch.rand(5, 16) * 1.5
+    ref = F.linear(dorefa_activation(x, 4), ref_w, layer.bias.detach())
+    inttrain.prepare_(layer, DoReFaConfig(w_bits=4, a_bits=4, g_bits=4, first_last_float=False))
+    reset_kernel_calls()
+    y = layer(x)
+    assert sum(int_kernel_calls().values()) > 0
+    torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_bad_configs_fail_with_the_allowed_range():
+    with pytest.raises(UnsupportedFormatError, match="allowed 2 to 15"):
+        DoReFaConfig(w_bits=16)
+    with pytest.raises(UnsupportedFormatError, match="allowed"):
+        DoReFaConfig(a_bits=1)
+    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Conv2d(2, 2, 3), nn.Conv2d(2, 2, 3))
+    with pytest.raises(UnsupportedFormatError, match="Conv2d allows 2 to 7"):
+        inttrain.prepare_(conv, DoReFaConfig(w_bits=8, a_bits=8, g_bits=8))
+    with pytest.raises(ValueError, match="dorefa"):
+        from_name("dorefa-net")
+
+
+def test_first_and_last_layers_stay_float():
+    model = _mlp()
+    inttrain.prepare_(model, "dorefa")
+    kinds = [type(m).__name__ for m in model if isinstance(m, nn.Linear)]
+    assert kinds == ["Linear", "QLinear", "Linear"]
+
+
+@pytest.mark.parametrize("name,make_model,image,epochs,cfg,bar", [
+    ("mlp-8bit", _mlp, False, 8, DoReFaConfig(w_bits=8, a_bits=8, g_bits=8), "gap"),
+    ("cnn-4bit", _cnn, True, 6, DoReFaConfig(w_bits=4, a_bits=4, g_bits=6), 90.0),
+])
+def test_dorefa_learns_digits(name, make_model, image, epochs, cfg, bar):
+    fp32 = _train(make_model, "fp32", image, epochs, 0.05)
+    reset_kernel_calls()
+    acc = _train(make_model, cfg, image, epochs, 0.05)
+    assert sum(int_kernel_calls().values()) > 0
+    if bar == "gap":
+        assert acc >= fp32 - 1.5, f"{name}: dorefa {acc:.2f}% vs fp32 {fp32:.2f}%"
+    else:
+        assert acc >= bar, f"{name}: dorefa {acc:.2f}% (fp32 {fp32:.2f}%)"
+
+
+def test_conv_forward_is_exact_and_float_gradients_option():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.rand(2, 3, 6, 6) * 1.2
+    ref = F.conv2d(dorefa_activation(x, 5), dorefa_weight(conv.weight.detach(), 3), conv.bias.detach(), padding=1)
+    inttrain.prepare_(conv, DoReFaConfig(w_bits=3, a_bits=5, g_bits=None, first_last_float=False))
+    assert not conv.precision.grad_input.integer and not conv.precision.grad_weight.integer
+    xr = x.clone().requires_grad_(True)
+    y = conv(xr)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    y.sum().backward()  # float gradients through the STE transforms
+    assert torch.isfinite(conv.weight.grad).all() and torch.isfinite(xr.grad).all()

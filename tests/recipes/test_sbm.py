@@ -1,0 +1,70 @@
+"""sbm (Banner et al. NeurIPS 2018): gradient bifurcation is the exact 16-bit dW product; digits."""
+
+import pytest
+import torch
+from torch import nn
+
+import inttrain
+from digits_utils import cnn, mlp, train
+from inttrain.kernels import int_kernel_calls, reset_kernel_calls
+from inttrain.kernels.fused import quantize_matrix
+from inttrain.kernels.matmul import int_mm_reference
+from inttrain.nn.range_bn import RangeBatchNorm2d, use_range_bn_
+from inttrain.recipes import SbmConfig
+from inttrain.spec import Rounding, UnsupportedFormatError
+
+
+def test_bifurcation_dw_is_the_exact_16bit_product_and_dx_uses_8bit():
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 24)
+    inttrain.prepare_(layer, SbmConfig(grad_rounding=Rounding.NEAREST_EVEN))
+    prec = layer.precision
+    assert prec.grad_weight.lhs.bits == 16 and prec.grad_input.lhs.bits == 8 and prec.forward.lhs.bits == 8
+    x = torch.randn(40, 48, requires_grad=True)
+    dy = torch.randn(40, 24) * torch.logspace(-3, 1, 24)  # wide dynamic range: 8 bits would lose the small ones
+    layer(x).backward(dy)
+    qg, sg = quantize_matrix(dy, prec.grad_weight.lhs, 1, transpose=True)
+    qx, sx = quantize_matrix(x.detach(), prec.grad_weight.rhs, 1)
+    assert qg.dtype == torch.int16
+    exact = int_mm_reference(qg, qx).double() * sg.double() * sx.double()
+    torch.testing.assert_close(layer.weight.grad.double(), exact, rtol=1e-6, atol=1e-9)
+    float_dw = dy.t() @ x.detach()
+    err16 = float((layer.weight.grad - float_dw).norm())
+    q8, s8 = quantize_matrix(dy, prec.grad_input.lhs, 1, transpose=True)  # 8-bit dy^T for comparison
+    err8 = float(((int_mm_reference(q8, qx).double() * s8 * sx).float() - float_dw).norm())
+    assert err16 < err8
+
+
+def test_conv_with_16bit_weight_gradient_fails_at_prepare():
+    with pytest.raises(UnsupportedFormatError, match="wgrad_bits=8"):
+        inttrain.prepare_(nn.Sequential(nn.Conv2d(1, 2, 3)), "sbm")
+    model = nn.Sequential(nn.Conv2d(1, 2, 3))
+    inttrain.prepare_(model, SbmConfig(wgrad_bits=8))
+    assert model[0].precision.grad_weight.lhs.rounding is Rounding.STOCHASTIC
+
+
+def test_bad_configs_fail_clearly():
+    with pytest.raises(UnsupportedFormatError, match="allowed 2 to 16"):
+        SbmConfig(wgrad_bits=17)
+    with pytest.raises(UnsupportedFormatError, match="allowed 2 to 8"):
+        SbmConfig(grad_bits=16)
+
+
+def test_sbm_mlp_matches_fp32_on_digits():
+    fp32 = train(mlp, "fp32", False, 8, 0.05)
+    reset_kernel_calls()
+    acc = train(mlp, "sbm", False, 8, 0.05)
+    assert sum(int_kernel_calls().values()) > 0
+    print(f"sbm mlp {acc:.2f}% vs fp32 {fp32:.2f}%")
+    assert acc >= fp32 - 1.5
+
+
+def test_sbm_cnn_with_range_bn_learns_digits():
+    def range_cnn():
+        return cnn(bn=RangeBatchNorm2d)
+
+    fp32 = train(cnn, "fp32", True, 6, 0.05)
+    acc = train(range_cnn, SbmConfig(wgrad_bits=8), True, 6, 0.05)
+    print(f"sbm cnn + Range BN {acc:.2f}% vs fp32 + BN {fp32:.2f}%")
+    assert acc >= fp32 - 1.5
+    assert type(use_range_bn_(cnn())[1]) is RangeBatchNorm2d
