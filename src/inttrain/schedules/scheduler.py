@@ -1,0 +1,104 @@
+"""Apply a :class:`~inttrain.schedules.Schedule` to the integer layers of a model, step by step.
+
+Pure Python (no torch import): the model is walked with ``model.named_modules()`` and every module
+with a :class:`~inttrain.spec.LayerPrecision` ``precision`` attribute (``QLinear``, ``QConv2d``) gets a new
+precision built with :func:`dataclasses.replace`.  Only integer GEMMs are touched; float GEMMs
+(``integer=False``) stay float.
+
+As with the CPU kernels in general: bits 2..8 all run on int8 kernels here, so lower bits are not faster
+on this CPU; BitOPs (:mod:`inttrain.cost`) is the hardware-independent measure of what they save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from inttrain.spec import GemmPrecision, LayerPrecision, QuantSpec
+
+from .schedules import Schedule
+
+__all__ = ["PrecisionScheduler", "with_bits", "set_model_bits", "prepared_layers"]
+
+
+def _spec(spec: QuantSpec, bits: int) -> QuantSpec:
+    return spec if spec.bits == bits else dataclasses.replace(spec, fmt=dataclasses.replace(spec.fmt, bits=bits))
+
+
+def with_bits(p: LayerPrecision, forward_bits: int, grad_bits: int) -> LayerPrecision:
+    """``p`` with forward-GEMM operands at ``forward_bits`` and the output-gradient operand (lhs) of both
+    backward GEMMs at ``grad_bits``; the other operands and float GEMMs are unchanged."""
+
+    def fwd(g: GemmPrecision) -> GemmPrecision:
+        return dataclasses.replace(g, lhs=_spec(g.lhs, forward_bits), rhs=_spec(g.rhs, forward_bits)) if g.integer else g
+
+    def bwd(g: GemmPrecision) -> GemmPrecision:
+        return dataclasses.replace(g, lhs=_spec(g.lhs, grad_bits)) if g.integer else g
+
+    return dataclasses.replace(p, forward=fwd(p.forward), grad_input=bwd(p.grad_input), grad_weight=bwd(p.grad_weight))
+
+
+def prepared_layers(model: Any) -> list[tuple[str, Any]]:
+    """``(name, module)`` of every module carrying a ``LayerPrecision`` (the prepared integer layers)."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(getattr(m, "precision", None), LayerPrecision)]
+
+
+def set_model_bits(model: Any, forward_bits: int, grad_bits: int,
+                   include: Callable[[str, Any], bool] | None = None) -> int:
+    """Set the bits of every prepared layer (``include(name, module)`` filters); returns how many changed.
+
+    A layer's own check (``_validate``, e.g. ``QConv2d`` takes at most 8 bits) runs before assignment and
+    raises ``ValueError`` for unsupported widths.
+    """
+    changed = 0
+    for name, m in prepared_layers(model):
+        if include is not None and not include(name, m):
+            continue
+        new = with_bits(m.precision, forward_bits, grad_bits)
+        if new != m.precision:
+            validate = getattr(type(m), "_validate", None)
+            if validate is not None:
+                validate(m, new)
+            m.precision = new
+            changed += 1
+    return changed
+
+
+class PrecisionScheduler:
+    """Like a torch LR scheduler, for bit widths: construction applies the bits of step 0; call
+    :meth:`step` once after every training step (with that step's loss; ``None`` for a skipped step) to
+    move to the next step's bits.  ``state_dict()`` / ``load_state_dict()`` make resumes exact (loading
+    re-applies the restored step's bits to the model).
+
+    ``include(name, module)`` limits which prepared layers are scheduled (e.g. keep the first and last
+    layer at 8 bits).
+    """
+
+    def __init__(self, model: Any, schedule: Schedule, include: Callable[[str, Any], bool] | None = None) -> None:
+        self.model, self.schedule, self.include = model, schedule, include
+        self.last_step = 0  # index of the step whose bits are applied now
+        self._apply()
+
+    @property
+    def bits(self) -> tuple[int, int]:
+        """(forward, grad) bits in force now."""
+        return self.schedule.bits_at(self.last_step)
+
+    def _apply(self) -> None:
+        set_model_bits(self.model, *self.bits, include=self.include)
+
+    def step(self, loss: float | None = None) -> tuple[int, int]:
+        """Finish step ``last_step`` (showing its loss to stateful schedules) and apply the next one's bits."""
+        self.schedule.observe(self.last_step, loss)
+        self.last_step += 1
+        self._apply()
+        return self.bits
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_step": self.last_step, "schedule": self.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_step = int(state["last_step"])
+        self.schedule.load_state_dict(dict(state.get("schedule", {})))
+        self._apply()
