@@ -8,6 +8,9 @@ import inttrain
 from digits_utils import cnn, mlp, train
 from inttrain.kernels import int_kernel_calls, reset_kernel_calls
 from inttrain.kernels.fused import quantize_matrix
+from inttrain.autograd.conv import _quantize_activation
+from inttrain.kernels import conv_reference
+from inttrain.kernels.conv import ConvGeometry
 from inttrain.kernels.matmul import int_mm_reference
 from inttrain.nn.range_bn import RangeBatchNorm2d, use_range_bn_
 from inttrain.recipes import SbmConfig
@@ -35,12 +38,21 @@ def test_bifurcation_dw_is_the_exact_16bit_product_and_dx_uses_8bit():
     assert err16 < err8
 
 
-def test_conv_with_16bit_weight_gradient_fails_at_prepare():
-    with pytest.raises(UnsupportedFormatError, match="wgrad_bits=8"):
-        inttrain.prepare_(nn.Sequential(nn.Conv2d(1, 2, 3)), "sbm")
-    model = nn.Sequential(nn.Conv2d(1, 2, 3))
-    inttrain.prepare_(model, SbmConfig(wgrad_bits=8))
-    assert model[0].precision.grad_weight.lhs.rounding is Rounding.STOCHASTIC
+def test_conv_bifurcation_dw_is_the_exact_16bit_product():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 5, 3, padding=1)
+    inttrain.prepare_(conv, SbmConfig(grad_rounding=Rounding.NEAREST_EVEN))
+    prec = conv.precision
+    assert prec.grad_weight.lhs.bits == 16 and prec.grad_input.lhs.bits == 8
+    x = torch.randn(4, 3, 6, 6)
+    dy = torch.randn(4, 5, 6, 6) * torch.logspace(-3, 1, 5).view(1, -1, 1, 1)
+    conv(x).backward(dy)
+    qx, sx = _quantize_activation(x, prec.grad_weight.rhs, 0)
+    qg, sg = _quantize_activation(dy, prec.grad_weight.lhs, 0, per_channel=True)
+    assert qg.dtype == torch.int16
+    geom = ConvGeometry((1, 1), (1, 1), (1, 1), 1)
+    exact = conv_reference.conv2d_weight_grad(qg, sg, qx, sx, tuple(conv.weight.shape), geom)
+    torch.testing.assert_close(conv.weight.grad, exact, rtol=0, atol=0)
 
 
 def test_bad_configs_fail_clearly():
@@ -64,7 +76,9 @@ def test_sbm_cnn_with_range_bn_learns_digits():
         return cnn(bn=RangeBatchNorm2d)
 
     fp32 = train(cnn, "fp32", True, 6, 0.05)
-    acc = train(range_cnn, SbmConfig(wgrad_bits=8), True, 6, 0.05)
+    reset_kernel_calls()
+    acc = train(range_cnn, "sbm", True, 6, 0.05)  # 16-bit weight-gradient convolutions
+    assert int_kernel_calls().get("conv_wgrad", 0) > 0
     print(f"sbm cnn + Range BN {acc:.2f}% vs fp32 + BN {fp32:.2f}%")
     assert acc >= fp32 - 1.5
     assert type(use_range_bn_(cnn())[1]) is RangeBatchNorm2d

@@ -467,10 +467,34 @@ def conv2d_weight_grad(
     can emit) is the cheapest to bring into the GEMM layout.  ``xq`` may also be the
     shifted uint8 codes ``q + 128`` that :func:`conv2d_forward_u8` consumed, so the
     forward pass's codes serve here without another pass.
+
+    ``gq`` may be int16 (up to 16-bit gradient codes, e.g. Banner et al.'s gradient bifurcation): it is
+    split as in :func:`inttrain.kernels.matmul.split_int16`, ``g = 256 hi + lo + 128`` with int8 halves,
+    and ``sum g x = 256 sum hi x + sum lo x + 128 sum x``: three int8 weight-gradient convolutions
+    (the last with all-ones codes) recombined exactly in int64.
     """
     count("conv_wgrad")
+    co = int(weight_shape[0])
+    scale = _scale_vector(g_scale, co).to(torch.float64) * _scalar(x_scale)
     if not _on_cpu(gq, xq):
-        return conv_generic.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
+        if gq.dtype != torch.int16:
+            return conv_generic.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
+        from . import conv_reference  # exact int64 einsum (other devices: no int16 conv kernel)
+
+        return conv_reference.conv2d_weight_grad(gq, g_scale, conv_generic.unshift_u8(xq), x_scale, weight_shape, geom)
+    if gq.dtype == torch.int16:
+        from .matmul import split_int16
+
+        hi, lo = split_int16(gq)
+        dw_int = (256 * _weight_grad_int(hi, xq, weight_shape, geom) + _weight_grad_int(lo, xq, weight_shape, geom)
+                  + 128 * _weight_grad_int(torch.ones_like(hi), xq, weight_shape, geom))
+    else:
+        dw_int = _weight_grad_int(gq, xq, weight_shape, geom)
+    return (dw_int.to(torch.float64) * scale.view(co, 1, 1, 1)).to(torch.float32)
+
+
+def _weight_grad_int(gq: Tensor, xq: Tensor, weight_shape: tuple, geom: ConvGeometry) -> Tensor:
+    """The exact int64 sums ``sum_{n,h,w} gq * xq`` of the CPU weight-gradient convolution, ``[Co, Cig, kh, kw]``."""
     co, cig, k_h, k_w = (int(v) for v in weight_shape)
     n, cin, h, w = xq.shape
     ho, wo = gq.shape[2], gq.shape[3]
@@ -493,6 +517,4 @@ def conv2d_weight_grad(
         else:
             _im2col_gemms(xf, gt, k_h, k_w, (hp, wp), geom, acc)
     # [G, Cog, kh, kw, Cig] -> [Co, Cig, kh, kw]
-    dw_int = acc.permute(0, 1, 4, 2, 3).reshape(co, cig, k_h, k_w)
-    scale = _scale_vector(g_scale, co).to(torch.float64) * _scalar(x_scale)
-    return (dw_int.to(torch.float64) * scale.view(co, 1, 1, 1)).to(torch.float32)
+    return acc.permute(0, 1, 4, 2, 3).reshape(co, cig, k_h, k_w)
