@@ -1,4 +1,10 @@
-"""Recipes: one frozen config dataclass per method, looked up by name."""
+"""Recipes: one frozen config dataclass per method, looked up by name.
+
+Baselines: ``fp32``, ``int8`` / ``int8-mixed``.  From the literature: ``dorefa`` (Zhou et al. 2016),
+``unified-int8`` (Zhu et al. CVPR 2020), ``sbm`` (Banner et al. NeurIPS 2018).  ``bf16`` is not a
+``prepare_`` recipe: it is float training under ``torch.autocast`` and is served by the trainer
+(``inttrain.trainer.recipes``), which leaves the layers untouched.
+"""
 
 from __future__ import annotations
 
