@@ -97,17 +97,18 @@ def _worker(rank, world, port, steps, queue):
     n = 1 << 20
     codes = torch.randint(-127, 128, (n,), dtype=torch.int8)
     micro = {}
-    for label in ("allgather int8", "allreduce int32"):
+    for label in ("allgather int8 (collective)", "allgather int8 + int32 sum", "allreduce int32 (widen + collective)"):
         times = []
         for _ in range(10):
             dist.barrier()
             t0 = time.perf_counter()
-            if label == "allgather int8":
+            if label.startswith("allgather"):
                 out = [torch.empty_like(codes) for _ in range(world)]
                 dist.all_gather(out, codes)
-                total = torch.zeros(n, dtype=torch.int32)
-                for o in out:
-                    total += o.to(torch.int32)
+                if label.endswith("sum"):
+                    total = out[0].to(torch.int32)
+                    for o in out[1:]:
+                        total.add_(o)
             else:
                 wide = codes.to(torch.int32)
                 dist.all_reduce(wide)

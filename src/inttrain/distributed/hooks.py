@@ -170,8 +170,10 @@ def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.
 
         def _sum(_fut: torch.futures.Future) -> torch.Tensor:
             total = torch.zeros(padded, dtype=torch.int32, device=buf.device)
-            for g in gathered:
-                total[:n] += g.to(torch.int32)
+            head = total[:n]
+            head.copy_(gathered[0])  # widen once, then add the other ranks' int8 codes in place
+            for g in gathered[1:]:
+                head.add_(g)
             return total
 
         summed = work.get_future().then(_sum)
