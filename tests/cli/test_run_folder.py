@@ -46,7 +46,8 @@ def test_run_folder_files(tmp_path: Path) -> None:
     assert {"recipe", "bits", "epochs", "lr", "optimizer", "seed", "data_dir"} <= set(cfg)
     with open(run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["kind", "step", "epoch", "loss", "val_accuracy", "lr", "time_per_step", "val_loss", "val_perplexity"]
+    assert list(rows[0]) == ["kind", "step", "epoch", "loss", "val_accuracy", "lr", "time_per_step", "val_loss", "val_perplexity",
+                             "forward_bits", "grad_bits", "gbitops"]
     assert [r["step"] for r in rows if r["kind"] == "step"] == ["5", "10", "15", "20"]
     epoch_rows = [r for r in rows if r["kind"] == "epoch"]
     assert len(epoch_rows) == 1 and float(epoch_rows[0]["val_accuracy"]) > 0.5

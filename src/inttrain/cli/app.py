@@ -89,6 +89,7 @@ def train_cmd(
     log_every: Annotated[Optional[int], typer.Option(help="Steps between metrics rows. [default: 10]")] = None,
     seq_len: Annotated[Optional[int], typer.Option(help="Text dataset: characters of context per sequence. [default: 64]")] = None,
     augment: Annotated[Optional[str], typer.Option(help="Image augmentation: none or crop-flip (pad 4, random crop, flip). [default: none]")] = None,
+    schedule: Annotated[Optional[str], typer.Option(help="Precision schedule: none, constant, steps, cpt or pfq (options via --set schedule_min_bits=3 schedule_max_bits=8 schedule_cycles=32 schedule_grad_bits=8 schedule_steps=0:4/8,100:6 ...). Fewer bits are not faster on CPU; see the gbitops column. [default: none]")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Run folder [default: runs/<model>-<recipe>-<timestamp>].")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of run settings (flags override it).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="key=value override of a config key (repeatable).")] = None,
@@ -99,7 +100,7 @@ def train_cmd(
 
     flags = dict(model=model, dataset=dataset, data_dir=data_dir, recipe=recipe, bits=bits, epochs=epochs,
                  batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads,
-                 max_steps=max_steps, log_every=log_every, seq_len=seq_len, augment=augment)
+                 max_steps=max_steps, log_every=log_every, seq_len=seq_len, augment=augment, schedule=schedule)
     cfg = resolve_config(config, list(set_ or []), flags)
     code = start_run(cfg, out)
     if code:

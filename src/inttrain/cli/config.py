@@ -44,6 +44,15 @@ class RunConfig:
     d_model: int | None = None
     n_layers: int | None = None
     n_heads: int | None = None
+    # Precision schedule (issue 5; integer recipes): none, constant, steps, cpt or pfq (see inttrain.schedules).
+    schedule: str = "none"
+    schedule_min_bits: int = 3  # cpt: b_min; constant: forward bits
+    schedule_max_bits: int = 8  # cpt: b_max
+    schedule_cycles: int = 32  # cpt: cycles over the run's total steps
+    schedule_grad_bits: int = 8  # gradient bits (cpt, constant)
+    schedule_steps: str | None = None  # steps: "0:4/8,100:6,200:8" = step:forward[/grad] milestones
+    schedule_window: int = 50  # pfq: steps per loss window
+    schedule_threshold: float = 0.05  # pfq: initial loss-change threshold (halved at every stage)
 
 
 _HINTS = typing.get_type_hints(RunConfig)
@@ -67,7 +76,10 @@ def coerce(name: str, value: Any, where: str) -> Any:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~", "")):
         if optional:
             return None
-        raise UsageProblem(where, f"{name}={value!r}: a value is required ({typ.__name__})")
+        # A required string field may legitimately be the word "none" (augment, schedule).
+        if not (typ is str and isinstance(value, str) and value.strip().lower() == "none"):
+            raise UsageProblem(where, f"{name}={value!r}: a value is required ({typ.__name__})")
+        return value.strip()
     try:
         if typ is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):

@@ -33,6 +33,7 @@ class Prepared:
     splits: Any
     model: Any
     recipe_config: Any
+    scheduler: Any = None  # inttrain.schedules.PrecisionScheduler (--schedule), already applied to the model
 
 
 def _check_positive(**values: float | None) -> None:
@@ -73,6 +74,9 @@ def validate_config(cfg: RunConfig) -> Any:
     check_choice("--dataset", cfg.dataset, DATASET_NAMES)
     check_choice("--optimizer", cfg.optimizer, OPTIMIZER_NAMES)
     check_choice("--augment", cfg.augment, AUGMENTATIONS)
+    from inttrain.schedules import SCHEDULE_NAMES
+
+    check_choice("--schedule", cfg.schedule, SCHEDULE_NAMES)
     _check_recipe(cfg.recipe, field="--recipe")
     _check_positive(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, threads=cfg.threads,
                     max_steps=cfg.max_steps, log_every=cfg.log_every, max_consecutive_skips=cfg.max_consecutive_skips,
@@ -135,7 +139,18 @@ def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
         apply_recipe(model, recipe_config if recipe_config is not None else cfg.recipe)
     except ValueError as e:
         raise UsageProblem("--recipe" if cfg.bits is None else "--bits", f"{cfg.recipe!r}: {e}") from e
-    return Prepared(cfg, splits, model, recipe_config)
+    from inttrain.schedules import PrecisionScheduler
+
+    from .schedule import build_schedule
+
+    schedule = build_schedule(cfg, len(splits.train))
+    scheduler = None
+    if schedule is not None:
+        try:
+            scheduler = PrecisionScheduler(model, schedule)
+        except ValueError as e:  # e.g. QConv2d takes at most 8 bits
+            raise UsageProblem("--schedule", f"{cfg.schedule}: {e}") from None
+    return Prepared(cfg, splits, model, recipe_config, scheduler)
 
 
 def default_out(cfg: RunConfig) -> Path:
@@ -167,6 +182,18 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None) -> int:
         got.append(signum)
         folder.stop = True
 
+    from inttrain.cost import BitOpsCounter
+    from inttrain.schedules import model_bits, prepared_layers
+
+    counter = BitOpsCounter(p.model) if prepared_layers(p.model) else None
+
+    def extra() -> dict[str, Any]:
+        if counter is None:
+            return {}
+        bits = p.scheduler.bits if p.scheduler is not None else model_bits(p.model)
+        return {"forward_bits": bits[0], "grad_bits": bits[1], "gbitops": round(counter.bitops / 1e9, 6)}
+
+    folder.extra = extra
     # Resume: TensorBoard drops what the interrupted leg logged after its checkpoint.
     folder.open_tensorboard(None if resume_from is None else int(resume_from[1]["train_state"]["step"]) + 1)
     try:
@@ -175,10 +202,12 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None) -> int:
                 p.model, p.splits, cfg.recipe, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                 optimizer=cfg.optimizer, seed=cfg.seed, log=folder.log, max_consecutive_skips=cfg.max_consecutive_skips,
                 recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
-                resume_from=resume_from, augment=cfg.augment,
+                resume_from=resume_from, augment=cfg.augment, precision_scheduler=p.scheduler, cost_counter=counter,
             )
     finally:
         folder.close()
+        if counter is not None:
+            counter.detach()
     write_summary(folder.root, cfg, result)
     if got:
         folder.log(f"interrupted by signal {got[0]}: saved {folder.checkpoint('last')[0]}; "

@@ -106,12 +106,13 @@ class GemmCount:
 class BitOpsCounter:
     """Accumulates BitOPs per layer and GEMM while attached (``attach()`` / ``detach()`` or ``with``).
 
+    ``training_only``: layers in eval mode (validation passes) are not counted.
     ``saved_bytes`` maps a layer name to the bytes its last forward saved for backward.
     ``state_dict()`` / ``load_state_dict()`` carry the running totals across a resume.
     """
 
-    def __init__(self, model: nn.Module, measure_memory: bool = False) -> None:
-        self.model, self.measure_memory = model, measure_memory
+    def __init__(self, model: nn.Module, measure_memory: bool = False, training_only: bool = True) -> None:
+        self.model, self.measure_memory, self.training_only = model, measure_memory, training_only
         self.records: dict[tuple[str, str], GemmCount] = {}
         self.saved_bytes: dict[str, int] = {}
         self._handles: list[Any] = []
@@ -170,6 +171,8 @@ class BitOpsCounter:
                 ctx, total = self._ctx.pop(name)
                 ctx.__exit__(None, None, None)
                 self.saved_bytes[name] = total[0]
+            if self.training_only and not module.training:  # evaluation passes are not training cost
+                return
             x = args[0]
             p: LayerPrecision = module.precision
             macs = gemm_macs(module, x.shape, output.shape)

@@ -7,12 +7,12 @@ the papers use for the savings.
 """
 
 from .range_test import RangeTestResult, precision_range_test
-from .scheduler import PrecisionScheduler, prepared_layers, set_model_bits, with_bits
+from .scheduler import PrecisionScheduler, model_bits, prepared_layers, set_model_bits, with_bits
 from .schedules import CPT, PFQ, Constant, Schedule, Steps, cpt_bits
 
 SCHEDULE_NAMES: tuple[str, ...] = ("none", "constant", "steps", "cpt", "pfq")
 
 __all__ = [
-    "CPT", "PFQ", "Constant", "Schedule", "Steps", "cpt_bits", "PrecisionScheduler", "prepared_layers",
+    "CPT", "PFQ", "Constant", "Schedule", "Steps", "cpt_bits", "PrecisionScheduler", "model_bits", "prepared_layers",
     "set_model_bits", "with_bits", "RangeTestResult", "precision_range_test", "SCHEDULE_NAMES",
 ]

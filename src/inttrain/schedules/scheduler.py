@@ -19,7 +19,7 @@ from inttrain.spec import GemmPrecision, LayerPrecision, QuantSpec
 
 from .schedules import Schedule
 
-__all__ = ["PrecisionScheduler", "with_bits", "set_model_bits", "prepared_layers"]
+__all__ = ["PrecisionScheduler", "with_bits", "set_model_bits", "prepared_layers", "model_bits"]
 
 
 def _spec(spec: QuantSpec, bits: int) -> QuantSpec:
@@ -102,3 +102,14 @@ class PrecisionScheduler:
         self.last_step = int(state["last_step"])
         self.schedule.load_state_dict(dict(state.get("schedule", {})))
         self._apply()
+
+
+def model_bits(model: Any) -> tuple[int, int] | None:
+    """(forward, grad) bits of the first prepared layer's integer GEMMs (None: no prepared layer)."""
+    layers = prepared_layers(model)
+    if not layers:
+        return None
+    p = layers[0][1].precision
+    fwd = p.forward.lhs.bits if p.forward.integer else 32
+    grad = p.grad_input.lhs.bits if p.grad_input.integer else (p.grad_weight.lhs.bits if p.grad_weight.integer else 32)
+    return fwd, grad

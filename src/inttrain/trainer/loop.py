@@ -231,6 +231,8 @@ def train(
     hooks: TrainHooks | None = None,
     resume_from: tuple[dict[str, Tensor], dict[str, Any]] | None = None,
     augment: str = "none",
+    precision_scheduler: Any = None,
+    cost_counter: Any = None,
 ) -> RunResult:
     """Train ``model`` on ``splits`` in place and return per-epoch statistics.
 
@@ -247,6 +249,10 @@ def train(
     state) of a checkpoint written through ``hooks.save``; training continues
     bit-identically from it. ``augment``: "crop-flip" pads, randomly crops and
     flips image batches (a pure function of seed and step, so resumes stay exact).
+    ``precision_scheduler``: an :class:`inttrain.schedules.PrecisionScheduler`, stepped after every
+    attempted step with its loss (None when skipped); ``cost_counter``: an
+    :class:`inttrain.cost.BitOpsCounter`, attached for the training steps. Both are saved in checkpoints
+    (``state_dict``) and restored on resume, so scheduled runs resume bit-identically.
     """
     if epochs < 1 or batch_size < 1 or not lr > 0 or max_consecutive_skips < 1:
         raise ValueError(
@@ -273,6 +279,12 @@ def train(
         set_layer_calls(model, saved["layer_calls"])
         restore_rng(saved["rng"])
         state = TrainState.from_dict(saved["train_state"])
+        if precision_scheduler is not None and "precision_scheduler" in saved:
+            precision_scheduler.load_state_dict(saved["precision_scheduler"])
+        if cost_counter is not None and "cost_counter" in saved:
+            cost_counter.load_state_dict(saved["cost_counter"])
+    if cost_counter is not None:
+        cost_counter.attach()
 
     n = len(splits.train)
     lm = splits.task == "lm"
@@ -295,6 +307,8 @@ def train(
             "data_generator": gen.get_state(),
             "rng": capture_rng(),
             "layer_calls": layer_calls(model),
+            **({} if precision_scheduler is None else {"precision_scheduler": precision_scheduler.state_dict()}),
+            **({} if cost_counter is None else {"cost_counter": cost_counter.state_dict()}),
         }
 
     for epoch in range(state.epoch + 1, epochs + 1):
@@ -338,6 +352,8 @@ def train(
                     state.consecutive_skips += 1
                     log(f"  step {state.step} (epoch {epoch}): skipped, {problem}")
                     hooks.on_step(state, None, opt.param_groups[0]["lr"], time.perf_counter() - t0)
+                    if precision_scheduler is not None:
+                        precision_scheduler.step(None)
                     if state.consecutive_skips >= max_consecutive_skips:
                         first = state.step - state.consecutive_skips + 1
                         raise NonFiniteLossError(
@@ -356,6 +372,8 @@ def train(
                     state.epoch_losses.append(float(loss.detach()))
                     bar.update(b + 1, state.epoch_losses[-1])
                     hooks.on_step(state, state.epoch_losses[-1], opt.param_groups[0]["lr"], seconds)
+                    if precision_scheduler is not None:
+                        precision_scheduler.step(state.epoch_losses[-1])
                 reason = "max_steps" if max_steps is not None and state.step >= max_steps else ""
                 reason = reason or ("stop requested" if hooks.should_stop() else "")
                 if reason:

@@ -25,7 +25,10 @@ from .tensorboard import TensorBoardScalars
 __all__ = ["RunFolder", "METRIC_FIELDS", "read_metrics", "write_yaml_atomic"]
 
 # val_loss / val_perplexity were appended last so readers of older files keep their column order.
-METRIC_FIELDS = ("kind", "step", "epoch", "loss", "val_accuracy", "lr", "time_per_step", "val_loss", "val_perplexity")
+# forward_bits / grad_bits / gbitops (precision schedules, issue 5) likewise: bits in force at the row's step
+# and cumulative training GBitOPs (10^9 MACs x bits x bits, see inttrain.cost); empty for float recipes.
+METRIC_FIELDS = ("kind", "step", "epoch", "loss", "val_accuracy", "lr", "time_per_step", "val_loss", "val_perplexity",
+                 "forward_bits", "grad_bits", "gbitops")
 
 
 def write_yaml_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -58,6 +61,8 @@ class RunFolder(TrainHooks):
         self.stop = False
         self._step_times: list[float] = []
         self.tb: TensorBoardScalars | None = None
+        #: Called for every row; returns values of the schedule/cost columns (forward_bits, grad_bits, gbitops).
+        self.extra: Callable[[], dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ files
     def create(self) -> None:
@@ -94,6 +99,8 @@ class RunFolder(TrainHooks):
             f.write(line + "\n")
 
     def _row(self, row: dict[str, Any]) -> None:
+        row = {**row, **{"forward_bits": None, "grad_bits": None, "gbitops": None},
+               **(self.extra() if self.extra is not None else {})}
         with open(self.root / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
         with open(self.root / "metrics.csv", "a", newline="") as f:

@@ -1,0 +1,62 @@
+"""``--schedule``: build the precision schedule of a run from its config (see :mod:`inttrain.schedules`).
+
+On this CPU, fewer than 8 bits run on the same int8 kernels, so a schedule does not make steps faster;
+the ``gbitops`` column of ``metrics.csv`` (BitOPs, :mod:`inttrain.cost`) is the hardware-independent
+measure of what it saves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import RunConfig
+from .errors import UsageProblem, check_choice
+
+__all__ = ["build_schedule", "parse_steps", "total_steps"]
+
+
+def parse_steps(text: str) -> list[tuple[int, tuple[int, int]]]:
+    """``"0:4/8,100:6"`` -> ``[(0, (4, 8)), (100, (6, 6))]``."""
+    out = []
+    for item in text.split(","):
+        step, sep, bits = item.strip().partition(":")
+        fwd, _, grad = bits.partition("/")
+        try:
+            if not sep:
+                raise ValueError
+            out.append((int(step), (int(fwd), int(grad or fwd))))
+        except ValueError:
+            raise UsageProblem("--set schedule_steps", f"{item!r}: expected step:forward_bits[/grad_bits],"
+                                                       " e.g. 0:4/8,100:6,200:8") from None
+    return out
+
+
+def total_steps(cfg: RunConfig, n_train: int) -> int:
+    return max(1, n_train // cfg.batch_size) * cfg.epochs
+
+
+def build_schedule(cfg: RunConfig, n_train: int) -> Any:
+    """The :class:`~inttrain.schedules.Schedule` of ``cfg`` (None for ``schedule=none``); UsageProblem if invalid."""
+    from inttrain import schedules as S
+    from inttrain.trainer import FLOAT_RECIPES
+
+    check_choice("--schedule", cfg.schedule, S.SCHEDULE_NAMES)
+    if cfg.schedule == "none":
+        return None
+    if cfg.recipe in FLOAT_RECIPES:
+        raise UsageProblem("--schedule", f"{cfg.schedule}: recipe {cfg.recipe!r} has no bit width; use an integer recipe such as int8")
+    try:
+        if cfg.schedule == "constant":
+            return S.Constant(cfg.schedule_min_bits, cfg.schedule_grad_bits)
+        if cfg.schedule == "steps":
+            if not cfg.schedule_steps:
+                raise UsageProblem("--set schedule_steps", "schedule 'steps' needs milestones, e.g. schedule_steps=0:4/8,100:6,200:8")
+            return S.Steps(parse_steps(cfg.schedule_steps))
+        if cfg.schedule == "cpt":
+            return S.CPT(cfg.schedule_min_bits, cfg.schedule_max_bits, cfg.schedule_cycles,
+                         total_steps(cfg, n_train), grad_bits=cfg.schedule_grad_bits)
+        return S.PFQ(threshold=cfg.schedule_threshold, window=cfg.schedule_window)
+    except ValueError as e:
+        if isinstance(e, UsageProblem):
+            raise
+        raise UsageProblem("--schedule", f"{cfg.schedule}: {e}") from None

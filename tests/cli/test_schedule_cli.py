@@ -1,0 +1,68 @@
+"""``inttrain train --schedule``: bits and GBitOPs columns, exact resume with the scheduler state; ``inttrain cost``."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from inttrain.cli.app import main
+from inttrain.schedules import cpt_bits
+
+# digits, batch 64: 22 steps per epoch.
+BASE = ["train", "--dataset", "digits", "--batch-size", "64", "--threads", "1", "--log-every", "1", "--recipe", "int8"]
+
+
+def _rows(run: Path) -> list[tuple]:
+    keys = ("kind", "step", "loss", "val_accuracy", "forward_bits", "grad_bits", "gbitops")
+    return [tuple(r[k] for k in keys) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+
+@pytest.mark.parametrize("sched", [
+    ["--schedule", "cpt", "--set", "schedule_cycles=3", "--set", "schedule_min_bits=4"],
+    ["--schedule", "pfq", "--set", "schedule_window=3", "--set", "schedule_threshold=0.5"],
+])
+def test_scheduled_resume_is_bit_identical(tmp_path: Path, sched: list[str]) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main([*BASE, *sched, "--epochs", "1", "--max-steps", "9", "--out", str(a)]) == 0
+    state = torch.load(a / "checkpoints/last.state.pt", weights_only=True)
+    assert state["precision_scheduler"]["last_step"] == 9 and state["cost_counter"]["records"]
+    assert main(["resume", str(a)]) == 0
+    assert main([*BASE, *sched, "--epochs", "1", "--out", str(b)]) == 0
+    rows_a, rows_b = _rows(a), _rows(b)
+    assert [r[1] for r in rows_a if r[0] == "step"] == list(range(1, 23))
+    assert rows_a == rows_b
+    wa, wb = load_file(a / "checkpoints/last.safetensors"), load_file(b / "checkpoints/last.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wb)
+    steps = [r for r in rows_b if r[0] == "step"]
+    assert len({r[4] for r in steps}) > 1  # the bits did change during the run
+    assert all(x[6] < y[6] for x, y in zip(steps, steps[1:]))  # cumulative GBitOPs grow
+    if "cpt" in sched:
+        assert [r[4] for r in steps] == [cpt_bits(t, 4, 8, 3, 22) for t in range(22)]
+        assert {r[5] for r in steps} == {8}
+
+
+def test_columns_without_schedule_and_bad_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    assert main([*BASE, "--max-steps", "2", "--out", str(run)]) == 0
+    with open(run / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[-3:] == ["forward_bits", "grad_bits", "gbitops"]
+    assert (rows[0]["forward_bits"], rows[0]["grad_bits"]) == ("8", "8") and float(rows[1]["gbitops"]) > float(rows[0]["gbitops"]) > 0
+    capsys.readouterr()
+    assert main([*BASE, "--schedule", "cyclic", "--out", str(tmp_path / "x")]) == 2
+    assert "--schedule: 'cyclic' is not one of: none, constant, steps, cpt, pfq" in capsys.readouterr().err
+    assert main(["train", "--dataset", "digits", "--schedule", "cpt", "--out", str(tmp_path / "y")]) == 2
+    assert "recipe 'fp32' has no bit width" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_steps_schedule(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert main([*BASE, "--schedule", "steps", "--set", "schedule_steps=0:4/6,3:6", "--max-steps", "4", "--out", str(run)]) == 0
+    rows = [r for r in _rows(run) if r[0] == "step"]
+    assert [(r[4], r[5]) for r in rows] == [(4, 6), (4, 6), (4, 6), (6, 6)]
