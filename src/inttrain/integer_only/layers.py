@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .ops import IntTensor, check_int32, gemm, qmax, requantize, saturate, shift_round
+from .ops import IntTensor, check_int32, gemm, qmax, requantize, saturate, shift, shift_left_saturate, shift_round
 
 _MASTER_DTYPE = {16: torch.int16, 8: torch.int8}
 
@@ -186,3 +186,145 @@ class Flatten(Layer):
 
     def backward(self, g: IntTensor) -> IntTensor:
         return IntTensor(g.q.reshape(self.in_shape), g.exp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Residual additions (§4.1) and integer batch normalization (§4.2): twins of inttrain.micro.layers
+
+
+def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne") -> IntTensor:
+    """a + b with exponent alignment: right-shift both to e = max(ea, eb) (``mode``), add, requantize."""
+    e = max(int(a.exp), int(b.exp))
+    s = shift_round(a.q, e - int(a.exp), mode) + shift_round(b.q, e - int(b.exp), mode)
+    return requantize(s, e, mode)
+
+
+def run_forward(layers: list[Layer], x: IntTensor) -> IntTensor:
+    for layer in layers:
+        x = layer.forward(x)
+    return x
+
+
+def run_backward(layers: list[Layer], g: IntTensor) -> IntTensor | None:
+    for layer in reversed(layers):
+        g = layer.backward(g)
+        if g is None:
+            return None
+    return g
+
+
+class Residual(Layer):
+    """y = Add_f(block(x), shortcut(x)) (identity shortcut when empty); gx = Add_b(block'(g), shortcut'(g))."""
+
+    def __init__(self, block: list[Layer], shortcut: list[Layer] | None = None,
+                 fwd_round: str = "rne", bwd_round: str = "pstoch"):
+        self.block, self.shortcut = list(block), list(shortcut or [])
+        self.fwd_round, self.bwd_round = fwd_round, bwd_round
+        self.params = [p for l in self.block + self.shortcut for p in l.params]
+
+    def named_params(self, prefix: str):
+        out = []
+        for part in ("block", "shortcut"):
+            for j, l in enumerate(getattr(self, part)):
+                out += layer_named_params(l, f"{prefix}.{part}.{j}")
+        return out
+
+    def forward(self, x: IntTensor) -> IntTensor:
+        return add_aligned(run_forward(self.block, x), run_forward(self.shortcut, x), self.fwd_round)
+
+    def backward(self, g: IntTensor) -> IntTensor | None:
+        for part in (self.block, self.shortcut):
+            if part:
+                part[0].need_input_grad = self.need_input_grad
+        gb = run_backward(self.block, g)
+        gs = run_backward(self.shortcut, g)
+        if not self.need_input_grad:
+            return None
+        return add_aligned(gb, gs, self.bwd_round)
+
+
+def layer_named_params(layer: Layer, prefix: str) -> list[tuple[str, Param]]:
+    if isinstance(layer, Residual):
+        return layer.named_params(prefix)
+    if isinstance(layer, BatchNorm):
+        return [(f"{prefix}.gamma", layer.gamma), (f"{prefix}.beta", layer.beta)]
+    if hasattr(layer, "weight"):
+        return [(f"{prefix}.weight", layer.weight)]
+    return []
+
+
+_POW2 = [1 << i for i in range(10)]
+
+
+def bitlen(r: torch.Tensor) -> torch.Tensor:
+    """bit_length of non-negative integers < 2**10, elementwise (0 for 0)."""
+    p = torch.tensor(_POW2, dtype=torch.int64, device=r.device)
+    return (r.to(torch.int64).unsqueeze(-1) >= p).sum(-1)
+
+
+def rdiv(a: torch.Tensor, m: int) -> torch.Tensor:
+    """round(a / m), halves up: (a + m // 2) // m."""
+    return torch.div(a.to(torch.int64) + m // 2, m, rounding_mode="floor")
+
+
+def _rows_shift(a: torch.Tensor, s: torch.Tensor, mode: str) -> torch.Tensor:
+    out = torch.empty_like(a)
+    for sv in sorted(set(s.tolist())):
+        rows = s == sv
+        out[rows] = shift_round(a[rows], sv, mode) if sv >= 0 else shift_left_saturate(a[rows], -sv)
+    return out
+
+
+class BatchNorm(Layer):
+    """Integer range batch normalization (docs §4.2); twin of :class:`inttrain.micro.layers.BatchNorm`."""
+
+    def __init__(self, gamma: Param, beta: Param, fwd_round: str = "rne", bwd_round: str = "pstoch"):
+        self.gamma, self.beta = gamma, beta
+        self.num_features = gamma.acc.shape[0]
+        self.fwd_round, self.bwd_round = fwd_round, bwd_round
+        self.params = [gamma, beta]
+        self.last_acc: torch.Tensor | None = None
+
+    @staticmethod
+    def _cm(q: torch.Tensor) -> torch.Tensor:
+        return q.to(torch.int64).movedim(1, 0).reshape(q.shape[1], -1)
+
+    @staticmethod
+    def _uncm(a: torch.Tensor, shape) -> torch.Tensor:
+        return a.reshape((shape[1], shape[0], *shape[2:])).movedim(0, 1)
+
+    def forward(self, x: IntTensor) -> IntTensor:
+        xc = self._cm(x.q)
+        m = xc.shape[1]
+        mu = rdiv(xc.sum(dim=1), m)
+        d = xc - mu[:, None]
+        r = xc.amax(dim=1) - xc.amin(dim=1)
+        k = bitlen(r)
+        xh = saturate(_rows_shift(d, k - 7, self.fwd_round), 8)
+        g8, b8 = self.gamma.int8(), self.beta.int8()
+        eo = g8.exp - 7
+        bal = shift(b8.q.to(torch.int64), eo - b8.exp, self.fwd_round)
+        acc = xh * g8.q.to(torch.int64)[:, None] + bal[:, None]
+        self.saved = (x.exp, tuple(x.q.shape), xh, r, k, g8)
+        self.last_acc = self._uncm(acc, x.q.shape)
+        return requantize(self.last_acc, eo, self.fwd_round)
+
+    def backward(self, g: IntTensor) -> IntTensor | None:
+        ex, shape, xh, r, k, g8 = self.saved
+        gc = self._cm(g.q)
+        m = gc.shape[1]
+        dbeta = check_int32(gc.sum(dim=1), "batchnorm beta grad")
+        dgamma = check_int32((gc * xh).sum(dim=1), "batchnorm gamma grad")
+        self.gamma.grad, self.gamma.grad_exp = dgamma.to(torch.int32), g.exp - 7
+        self.beta.grad, self.beta.grad_exp = dbeta.to(torch.int32), g.exp
+        if not self.need_input_grad:
+            return None
+        mb = rdiv(check_int32(dbeta << 7, "batchnorm mean"), m)
+        mg = rdiv(dgamma, m)
+        h = (gc << 14) - (mb << 7)[:, None] - xh * mg[:, None]
+        a = check_int32(g8.q.to(torch.int64)[:, None] * h, "batchnorm input grad")
+        live = r > 0
+        kmin = int(k[live].min()) if bool(live.any()) else 0
+        s = torch.where(live, k - kmin, torch.full_like(k, 63))
+        out = _rows_shift(a, s, self.bwd_round)
+        return requantize(self._uncm(out, shape), g.exp - 14 + g8.exp - ex - kmin, self.bwd_round)

@@ -13,10 +13,11 @@ import numpy as np
 import torch
 
 from .. import micro
-from ..micro.model import validate_description
-from .layers import Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU
+from ..micro.model import check_batch_layers, validate_description  # noqa: F401
+from .layers import (BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU, Residual,
+                     layer_named_params)
 from .loss import display_loss, softmax_cross_entropy_grad
-from .ops import MAX_K, IntTensor
+from .ops import IntTensor
 
 
 class Sequential:
@@ -29,24 +30,7 @@ class Sequential:
     def from_micro(cls, model: "micro.Sequential", device: torch.device | str | None = None) -> "Sequential":
         """The torch twin of a micro model, with a copy of its integer master weights."""
         d = model.desc
-        r = d["rounding"]
-        layers: list[Layer] = []
-        for spec, ml in zip(d["layers"], model.layers):
-            t = spec["type"]
-            if t == "linear":
-                layers.append(Linear(Param.from_micro(ml.weight, device), r["forward"], r["backward"]))
-            elif t == "conv2d":
-                layers.append(Conv2d(Param.from_micro(ml.weight, device), spec["stride"], spec["padding"],
-                                     r["forward"], r["backward"]))
-            elif t == "maxpool2d":
-                layers.append(MaxPool2d(spec["kernel_size"]))
-            elif t == "relu":
-                layers.append(ReLU())
-            elif t == "flatten":
-                layers.append(Flatten())
-            else:                                  # pragma: no cover - the description is validated
-                raise ValueError(f"unsupported layer type {t!r}")
-        return cls(layers, dict(d))
+        return cls(_layers_from_micro(d["layers"], model.layers, d["rounding"], device), dict(d))
 
     @classmethod
     def from_description(cls, desc: dict, device: torch.device | str | None = None) -> "Sequential":
@@ -61,7 +45,7 @@ class Sequential:
         return m
 
     def named_params(self) -> list[tuple[str, Param]]:
-        return [(f"layers.{i}.weight", l.weight) for i, l in enumerate(self.layers) if hasattr(l, "weight")]
+        return [np_ for i, l in enumerate(self.layers) for np_ in layer_named_params(l, f"layers.{i}")]
 
     def params(self) -> list[Param]:
         return [p for _, p in self.named_params()]
@@ -78,26 +62,49 @@ class Sequential:
                 break
 
     def check_batch(self, batch_size: int) -> None:
-        """Weight-gradient reductions (batch, or batch * OH * OW for conv) must stay int32-safe (§8)."""
-        shape = tuple(self.desc["input_shape"])
-        for spec in self.desc["layers"]:
-            t = spec["type"]
-            if t == "linear":
-                shape = (spec["out_features"],)
-                k = batch_size
-            elif t == "conv2d":
-                kk, s, p = spec["kernel_size"], spec["stride"], spec["padding"]
-                shape = (spec["out_channels"], (shape[1] + 2 * p - kk) // s + 1, (shape[2] + 2 * p - kk) // s + 1)
-                k = batch_size * shape[1] * shape[2]
-            else:
-                if t == "maxpool2d":
-                    kk = spec["kernel_size"]
-                    shape = (shape[0], shape[1] // kk, shape[2] // kk)
-                elif t == "flatten":
-                    shape = (int(np.prod(shape)),)
-                continue
-            if k > MAX_K:
-                raise ValueError(f"batch size {batch_size} makes a weight-gradient reduction of {k} > {MAX_K}")
+        """Weight-gradient and batch-statistics reductions must stay int32-safe (§8); micro's check."""
+        check_batch_layers(self.desc["layers"], tuple(self.desc["input_shape"]), batch_size)
+
+    def save(self, out_dir, extra: dict | None = None):
+        """Save in micro's format (docs §9): ``out_dir/model.json`` + ``out_dir/weights.safetensors``.
+
+        The files are written by micro's writer from a copy of these codes, so they are byte for byte
+        what ``inttrain.micro.save_model`` writes for the same weights (loadable by ``micro.load_model``,
+        by :meth:`load`, and by the ``safetensors`` package).
+        """
+        return micro.save_model(self.to_micro(), out_dir, extra)
+
+    @classmethod
+    def load(cls, model_dir, device: torch.device | str | None = None) -> "Sequential":
+        """Load (and validate, with micro's checks) a model saved by :meth:`save` or ``micro.save_model``."""
+        return cls.from_micro(micro.load_model(model_dir), device)
+
+
+def _layers_from_micro(specs: list[dict], mlayers: list, r: dict, device) -> list[Layer]:
+    layers: list[Layer] = []
+    for spec, ml in zip(specs, mlayers):
+        t = spec["type"]
+        if t == "linear":
+            layers.append(Linear(Param.from_micro(ml.weight, device), r["forward"], r["backward"]))
+        elif t == "conv2d":
+            layers.append(Conv2d(Param.from_micro(ml.weight, device), spec["stride"], spec["padding"],
+                                 r["forward"], r["backward"]))
+        elif t == "maxpool2d":
+            layers.append(MaxPool2d(spec["kernel_size"]))
+        elif t == "relu":
+            layers.append(ReLU())
+        elif t == "flatten":
+            layers.append(Flatten())
+        elif t == "batchnorm":
+            layers.append(BatchNorm(Param.from_micro(ml.gamma, device), Param.from_micro(ml.beta, device),
+                                    r["forward"], r["backward"]))
+        elif t == "residual":
+            layers.append(Residual(_layers_from_micro(spec["layers"], ml.block, r, device),
+                                   _layers_from_micro(spec["shortcut"], ml.shortcut, r, device),
+                                   r["forward"], r["backward"]))
+        else:                                  # pragma: no cover - the description is validated
+            raise ValueError(f"unsupported layer type {t!r}")
+    return layers
 
 
 @dataclass

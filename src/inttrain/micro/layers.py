@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .gemm import int_matmul
-from .ops import IntTensor, qmax, requantize, saturate, shift_round
+from .ops import IntTensor, qmax, requantize, saturate, shift, shift_left_saturate, shift_round
 
 INT32_LIMIT = 2**31 - 1
 MAX_K = INT32_LIMIT // (127 * 127)   # 133144: longest reduction whose int8 x int8 sum fits int32
@@ -273,3 +273,175 @@ class Flatten(Layer):
 
     def describe(self):
         return {"type": "flatten"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Residual additions (§4.1) and integer batch normalization (§4.2)
+
+
+def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne") -> IntTensor:
+    """a + b for int8 tensors with different exponents (docs §4.1).
+
+    Align to the larger exponent e = max(ea, eb) by a rounding right shift of each operand by
+    e - e_i (``mode``), add (|sum| <= 254, int16), then requantize to int8 with ``mode`` (a shift
+    of 0 or 1). Exact integer arithmetic; no saturation is needed before the requantization.
+    """
+    e = max(int(a.exp), int(b.exp))
+    s = shift_round(a.q, e - int(a.exp), mode) + shift_round(b.q, e - int(b.exp), mode)
+    return requantize(s, e, mode)
+
+
+def run_forward(layers: list[Layer], x: IntTensor) -> IntTensor:
+    for layer in layers:
+        x = layer.forward(x)
+    return x
+
+
+def run_backward(layers: list[Layer], g: IntTensor) -> IntTensor | None:
+    for layer in reversed(layers):
+        g = layer.backward(g)
+        if g is None:
+            return None
+    return g
+
+
+class Residual(Layer):
+    """y = Add_f(block(x), shortcut(x)); shortcut = identity when ``shortcut`` is empty (docs §4.1).
+
+    Backward: the int8 output error (G, eg) goes unchanged to both branches (d(a+b)/da = d(a+b)/db
+    = 1: same codes, same exponent); the two input errors meet at x and are summed with the same
+    exponent-aligning add, rounded with the backward mode: gx = Add_b(block'(g), shortcut'(g)).
+    """
+
+    def __init__(self, block: list[Layer], shortcut: list[Layer] | None = None,
+                 fwd_round: str = "rne", bwd_round: str = "pstoch"):
+        self.block, self.shortcut = list(block), list(shortcut or [])
+        self.fwd_round, self.bwd_round = fwd_round, bwd_round
+        self.params = [p for l in self.block + self.shortcut for p in l.params]
+
+    def named_params(self, prefix: str):
+        out = []
+        for part in ("block", "shortcut"):
+            for j, l in enumerate(getattr(self, part)):
+                out += layer_named_params(l, f"{prefix}.{part}.{j}")
+        return out
+
+    def forward(self, x: IntTensor) -> IntTensor:
+        return add_aligned(run_forward(self.block, x), run_forward(self.shortcut, x), self.fwd_round)
+
+    def backward(self, g: IntTensor) -> IntTensor | None:
+        for part in (self.block, self.shortcut):
+            if part:
+                part[0].need_input_grad = self.need_input_grad
+        gb = run_backward(self.block, g)
+        gs = run_backward(self.shortcut, g)
+        if not self.need_input_grad:
+            return None
+        return add_aligned(gb, gs, self.bwd_round)
+
+    def out_shape(self, in_shape):
+        for l in self.block:
+            in_shape = l.out_shape(in_shape)
+        return in_shape
+
+
+def layer_named_params(layer: Layer, prefix: str) -> list[tuple[str, Param]]:
+    """(name, Param) of a layer: ``prefix.weight``; ``prefix.gamma``/``.beta``; residuals recurse."""
+    if isinstance(layer, Residual):
+        return layer.named_params(prefix)
+    if isinstance(layer, BatchNorm):
+        return [(f"{prefix}.gamma", layer.gamma), (f"{prefix}.beta", layer.beta)]
+    if hasattr(layer, "weight"):
+        return [(f"{prefix}.weight", layer.weight)]
+    return []
+
+
+BN_MAX_COUNT = INT32_LIMIT // (127 * 128)   # 132104: sum of G << 7 over the batch fits int32
+
+
+def bitlen(r: np.ndarray) -> np.ndarray:
+    """bit_length of non-negative integers < 2**10, elementwise (0 for 0)."""
+    return (np.asarray(r, dtype=np.int64)[..., None] >= (1 << np.arange(10))).sum(-1)
+
+
+def rdiv(a: np.ndarray, m: int) -> np.ndarray:
+    """round(a / m) for integers a and m >= 1, halves up: (a + m // 2) // m."""
+    return (np.asarray(a, dtype=np.int64) + m // 2) // m
+
+
+def _rows_shift(a: np.ndarray, s: np.ndarray, mode: str) -> np.ndarray:
+    """Row c of ``a`` (C, M) multiplied by 2**-s[c] (rounding right / saturating left shift)."""
+    out = np.empty_like(a)
+    for sv in np.unique(s):
+        rows = s == sv
+        out[rows] = shift(a[rows], int(sv), mode) if sv >= 0 else shift_left_saturate(a[rows], -int(sv))
+    return out
+
+
+class BatchNorm(Layer):
+    """Integer range batch normalization with power-of-two range scaling (docs §4.2).
+
+    Per channel c (axis 1; statistics over the batch and, for (N, C, H, W), the pixels; M values):
+    mu = rdiv(sum X, M); D = X - mu; r = max X - min X; k = bitlen(r);
+    Xh = sat8(shift(D, k - 7, forward)) at exponent -7 (|Xh| < 128: D / 2**k, the range-normalized
+    input); A = Xh * G8 + shift(B8, (eγ - 7) - eβ) at exponent eγ - 7; y = R_f(A).
+    gamma / beta: learnable Params (per channel, int16 or int8 master codes, initialized to 1 and 0)
+    trained by the integer SGD; always batch statistics (no running averages).
+    """
+
+    def __init__(self, num_features: int, bits: int = 16, fwd_round: str = "rne", bwd_round: str = "pstoch"):
+        self.num_features = num_features
+        self.fwd_round, self.bwd_round = fwd_round, bwd_round
+        e = -((qmax(bits) // 4).bit_length() - 1)          # 1.0 -> 2**-e ~ a quarter of the range
+        self.gamma = Param(np.full(num_features, 1 << -e, dtype=np.int64), e, bits)
+        self.beta = Param(np.zeros(num_features, dtype=np.int64), e, bits)
+        self.params = [self.gamma, self.beta]
+
+    @staticmethod
+    def _cm(q: np.ndarray) -> np.ndarray:
+        """(N, C, ...) -> channel-major (C, M), int64."""
+        return np.moveaxis(q.astype(np.int64), 1, 0).reshape(q.shape[1], -1)
+
+    @staticmethod
+    def _uncm(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        c = shape[1]
+        return np.moveaxis(a.reshape((c, shape[0], *shape[2:])), 0, 1)
+
+    def forward(self, x: IntTensor) -> IntTensor:
+        xc = self._cm(x.q)
+        m = xc.shape[1]
+        mu = rdiv(xc.sum(axis=1), m)
+        d = xc - mu[:, None]
+        r = (xc.max(axis=1) - xc.min(axis=1)) if m else np.zeros(len(xc), dtype=np.int64)
+        k = bitlen(r)
+        xh = saturate(_rows_shift(d, k - 7, self.fwd_round), 8)
+        g8, b8 = self.gamma.int8(), self.beta.int8()
+        eo = g8.exp - 7
+        bal = shift(b8.q.astype(np.int64), eo - b8.exp, self.fwd_round)
+        acc = xh * g8.q.astype(np.int64)[:, None] + bal[:, None]
+        self.saved = (x.exp, tuple(x.q.shape), xh, r, k, g8)
+        self.last_acc = self._uncm(acc, x.q.shape)
+        return requantize(self.last_acc, eo, self.fwd_round)
+
+    def backward(self, g: IntTensor) -> IntTensor | None:
+        ex, shape, xh, r, k, g8 = self.saved
+        gc = self._cm(g.q)
+        m = gc.shape[1]
+        dbeta = check_int32(gc.sum(axis=1), "batchnorm beta grad")
+        dgamma = check_int32((gc * xh).sum(axis=1), "batchnorm gamma grad")
+        self.gamma.grad, self.gamma.grad_exp = dgamma, g.exp - 7
+        self.beta.grad, self.beta.grad_exp = dbeta, g.exp
+        if not self.need_input_grad:
+            return None
+        mb = rdiv(check_int32(dbeta << 7, "batchnorm mean"), m)         # mean(G) at eg - 7
+        mg = rdiv(dgamma, m)                                              # mean(G * Xh) at eg - 7
+        h = (gc << 14) - (mb << 7)[:, None] - xh * mg[:, None]            # at eg - 14
+        a = check_int32(g8.q.astype(np.int64)[:, None] * h, "batchnorm input grad")
+        live = r > 0
+        kmin = int(k[live].min()) if live.any() else 0
+        s = np.where(live, k - kmin, 63)                                  # dead channels -> 0
+        out = _rows_shift(a, s, self.bwd_round)
+        return requantize(self._uncm(out, shape), g.exp - 14 + g8.exp - ex - kmin, self.bwd_round)
+
+    def describe(self):
+        return {"type": "batchnorm", "num_features": self.num_features}

@@ -10,7 +10,8 @@ import numpy as np
 
 from .errors import MicroFormatError
 from .io import read_json, read_npz, read_safetensors, write_safetensors
-from .layers import MAX_K, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU
+from .layers import (BN_MAX_COUNT, MAX_K, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Residual,
+                     layer_named_params)
 from .loss import display_loss, softmax_cross_entropy_grad
 from .ops import ROUNDING_MODES, IntTensor, qmax
 
@@ -18,6 +19,7 @@ FORMAT = "inttrain.micro/1"
 MAX_EXP = 64                       # |scale exponent| bound for weights and data
 MAX_DIM = 1 << 16
 MAX_LAYERS = 64
+MAX_DEPTH = 4                      # residual nesting
 DEFAULT_ROUNDING = {"forward": "rne", "backward": "pstoch", "update": "pstoch"}
 
 
@@ -28,30 +30,8 @@ def _int(d: dict, key: str, lo: int, hi: int, where: str, default: int | None = 
     return v
 
 
-def validate_description(desc: dict, where: str = "model description") -> dict:
-    """Check a layer description and return it normalized (defaults filled in)."""
-    if not isinstance(desc, dict):
-        raise MicroFormatError(f"{where}: must be a JSON object")
-    if desc.get("format", FORMAT) != FORMAT:
-        raise MicroFormatError(f"{where}: format {desc.get('format')!r} is not {FORMAT!r}")
-    shape = desc.get("input_shape")
-    if (not isinstance(shape, list) or len(shape) not in (1, 3)
-            or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= MAX_DIM for d in shape)):
-        raise MicroFormatError(f"{where}: input_shape must be [features] or [C, H, W] of positive integers <= {MAX_DIM}")
-    bits = desc.get("weight_bits", 16)
-    if bits not in (8, 16) or isinstance(bits, bool):
-        raise MicroFormatError(f"{where}: weight_bits must be 8 or 16, got {bits!r}")
-    rounding = {**DEFAULT_ROUNDING, **(desc.get("rounding") or {})}
-    if set(rounding) != set(DEFAULT_ROUNDING) or not all(v in ROUNDING_MODES for v in rounding.values()):
-        raise MicroFormatError(f"{where}: rounding must map forward/backward/update to one of {ROUNDING_MODES}")
-    seed = _int(desc, "seed", 0, 2**32 - 1, where, 0)
-    unknown = set(desc) - {"format", "input_shape", "weight_bits", "rounding", "seed", "layers", "num_classes"}
-    if unknown:
-        raise MicroFormatError(f"{where}: unknown keys {sorted(unknown)} (a saved model is loaded as a directory)")
-    layers = desc.get("layers")
-    if not isinstance(layers, list) or not 1 <= len(layers) <= MAX_LAYERS:
-        raise MicroFormatError(f"{where}: layers must be a list of 1..{MAX_LAYERS} layer objects")
-    cur = tuple(shape)
+def _validate_layers(layers: list, cur: tuple, where: str, depth: int) -> tuple[list, tuple]:
+    """Validate a list of layer specs from input shape ``cur``; returns (normalized specs, output shape)."""
     norm = []
     for i, spec in enumerate(layers):
         w = f"{where}: layer {i}"
@@ -91,18 +71,115 @@ def validate_description(desc: dict, where: str = "model description") -> dict:
         elif kind == "flatten":
             s = {"type": kind}
             cur = (int(np.prod(cur)),)
+        elif kind == "batchnorm":
+            c = _int(spec, "num_features", 1, MAX_DIM, w)
+            if cur[0] != c:
+                raise MicroFormatError(f"{w}: batchnorm with {c} features gets input {cur}")
+            s = {"type": kind, "num_features": c}
+        elif kind == "residual":
+            if depth >= MAX_DEPTH:
+                raise MicroFormatError(f"{w}: residuals nested deeper than {MAX_DEPTH}")
+            block, short = spec.get("layers"), spec.get("shortcut", [])
+            if not isinstance(block, list) or not 1 <= len(block) <= MAX_LAYERS:
+                raise MicroFormatError(f"{w}: residual needs 'layers', a list of 1..{MAX_LAYERS} layer objects")
+            if not isinstance(short, list) or len(short) > MAX_LAYERS:
+                raise MicroFormatError(f"{w}: residual 'shortcut' must be a list of layer objects")
+            nb, ob = _validate_layers(block, cur, f"{w} (residual block)", depth + 1)
+            ns, os_ = _validate_layers(short, cur, f"{w} (residual shortcut)", depth + 1)
+            if ob != os_:
+                raise MicroFormatError(f"{w}: residual block outputs {ob} but the shortcut outputs {os_}")
+            s = {"type": kind, "layers": nb, "shortcut": ns}
+            cur = ob
         else:
             raise MicroFormatError(f"{w}: unknown layer type {kind!r}")
         extra = set(spec) - set(s)
         if extra:
             raise MicroFormatError(f"{w}: unknown keys {sorted(extra)}")
         norm.append(s)
+    return norm, cur
+
+
+def validate_description(desc: dict, where: str = "model description") -> dict:
+    """Check a layer description and return it normalized (defaults filled in)."""
+    if not isinstance(desc, dict):
+        raise MicroFormatError(f"{where}: must be a JSON object")
+    if desc.get("format", FORMAT) != FORMAT:
+        raise MicroFormatError(f"{where}: format {desc.get('format')!r} is not {FORMAT!r}")
+    shape = desc.get("input_shape")
+    if (not isinstance(shape, list) or len(shape) not in (1, 3)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= MAX_DIM for d in shape)):
+        raise MicroFormatError(f"{where}: input_shape must be [features] or [C, H, W] of positive integers <= {MAX_DIM}")
+    bits = desc.get("weight_bits", 16)
+    if bits not in (8, 16) or isinstance(bits, bool):
+        raise MicroFormatError(f"{where}: weight_bits must be 8 or 16, got {bits!r}")
+    rounding = {**DEFAULT_ROUNDING, **(desc.get("rounding") or {})}
+    if set(rounding) != set(DEFAULT_ROUNDING) or not all(v in ROUNDING_MODES for v in rounding.values()):
+        raise MicroFormatError(f"{where}: rounding must map forward/backward/update to one of {ROUNDING_MODES}")
+    seed = _int(desc, "seed", 0, 2**32 - 1, where, 0)
+    unknown = set(desc) - {"format", "input_shape", "weight_bits", "rounding", "seed", "layers", "num_classes"}
+    if unknown:
+        raise MicroFormatError(f"{where}: unknown keys {sorted(unknown)} (a saved model is loaded as a directory)")
+    layers = desc.get("layers")
+    if not isinstance(layers, list) or not 1 <= len(layers) <= MAX_LAYERS:
+        raise MicroFormatError(f"{where}: layers must be a list of 1..{MAX_LAYERS} layer objects")
+    norm, cur = _validate_layers(layers, tuple(shape), where, depth=0)
     if len(cur) != 1:
         raise MicroFormatError(f"{where}: the last layer must output class scores (got shape {cur}); add flatten/linear")
     if "num_classes" in desc and desc["num_classes"] != cur[0]:
         raise MicroFormatError(f"{where}: num_classes {desc['num_classes']!r} but the layers output {cur[0]}")
     return {"format": FORMAT, "input_shape": list(shape), "num_classes": cur[0], "weight_bits": bits,
             "rounding": rounding, "seed": seed, "layers": norm}
+
+
+def build_layers(specs: list[dict], bits: int, r: dict, rng: np.random.Generator) -> list[Layer]:
+    """Layers of validated specs; weights are drawn from ``rng`` layer by layer (residual: block, then shortcut)."""
+    layers: list[Layer] = []
+    for s in specs:
+        t = s["type"]
+        if t == "linear":
+            layers.append(Linear(s["in_features"], s["out_features"], bits, rng, r["forward"], r["backward"]))
+        elif t == "conv2d":
+            layers.append(Conv2d(s["in_channels"], s["out_channels"], s["kernel_size"], s["stride"], s["padding"],
+                                 bits, rng, r["forward"], r["backward"]))
+        elif t == "maxpool2d":
+            layers.append(MaxPool2d(s["kernel_size"]))
+        elif t == "relu":
+            layers.append(ReLU())
+        elif t == "batchnorm":
+            layers.append(BatchNorm(s["num_features"], bits, r["forward"], r["backward"]))
+        elif t == "residual":
+            block = build_layers(s["layers"], bits, r, rng)
+            layers.append(Residual(block, build_layers(s["shortcut"], bits, r, rng), r["forward"], r["backward"]))
+        else:
+            layers.append(Flatten())
+    return layers
+
+
+def check_batch_layers(specs: list[dict], shape: tuple, batch_size: int) -> tuple:
+    """Raise ValueError if a weight-gradient / batch-statistics reduction would break int32 (§8); returns the output shape."""
+    for s in specs:
+        t = s["type"]
+        k, lim = 0, MAX_K
+        if t == "linear":
+            shape, k = (s["out_features"],), batch_size
+        elif t == "conv2d":
+            kk, st, p = s["kernel_size"], s["stride"], s["padding"]
+            shape = (s["out_channels"], (shape[1] + 2 * p - kk) // st + 1, (shape[2] + 2 * p - kk) // st + 1)
+            k = batch_size * shape[1] * shape[2]
+        elif t == "maxpool2d":
+            kk = s["kernel_size"]
+            shape = (shape[0], shape[1] // kk, shape[2] // kk)
+        elif t == "flatten":
+            shape = (int(np.prod(shape)),)
+        elif t == "batchnorm":
+            k, lim = batch_size * int(np.prod(shape[1:])), BN_MAX_COUNT
+        elif t == "residual":
+            check_batch_layers(s["shortcut"], shape, batch_size)
+            shape = check_batch_layers(s["layers"], shape, batch_size)
+        if k > lim:
+            what = "batch-statistics" if t == "batchnorm" else "weight-gradient"
+            raise ValueError(f"batch size {batch_size} makes a {what} reduction of {k} > {lim} ({t})")
+    return shape
 
 
 class Sequential:
@@ -115,25 +192,11 @@ class Sequential:
     def from_description(cls, desc: dict) -> "Sequential":
         d = validate_description(desc)
         rng = np.random.default_rng(d["seed"])
-        r = d["rounding"]
-        layers: list[Layer] = []
-        for s in d["layers"]:
-            t = s["type"]
-            if t == "linear":
-                layers.append(Linear(s["in_features"], s["out_features"], d["weight_bits"], rng, r["forward"], r["backward"]))
-            elif t == "conv2d":
-                layers.append(Conv2d(s["in_channels"], s["out_channels"], s["kernel_size"], s["stride"], s["padding"],
-                                     d["weight_bits"], rng, r["forward"], r["backward"]))
-            elif t == "maxpool2d":
-                layers.append(MaxPool2d(s["kernel_size"]))
-            elif t == "relu":
-                layers.append(ReLU())
-            else:
-                layers.append(Flatten())
+        layers = build_layers(d["layers"], d["weight_bits"], d["rounding"], rng)
         return cls(layers, d)
 
     def named_params(self):
-        return [(f"layers.{i}.weight", l.weight) for i, l in enumerate(self.layers) if hasattr(l, "weight")]
+        return [np_ for i, l in enumerate(self.layers) for np_ in layer_named_params(l, f"layers.{i}")]
 
     def params(self):
         return [p for _, p in self.named_params()]
@@ -151,13 +214,7 @@ class Sequential:
 
     def check_batch(self, batch_size: int) -> None:
         """Weight-gradient reductions run over batch (x output pixels): keep them int32-safe."""
-        shape = tuple(self.desc["input_shape"])
-        for layer in self.layers:
-            out = layer.out_shape(shape)
-            k = batch_size * (out[1] * out[2] if isinstance(layer, Conv2d) else 1)
-            if isinstance(layer, (Linear, Conv2d)) and k > MAX_K:
-                raise ValueError(f"batch size {batch_size} makes a weight-gradient reduction of {k} > {MAX_K}")
-            shape = out
+        check_batch_layers(self.desc["layers"], tuple(self.desc["input_shape"]), batch_size)
 
 
 def _check_input(model: Sequential, x: np.ndarray, x_exp: int) -> None:
