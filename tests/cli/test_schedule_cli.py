@@ -66,3 +66,15 @@ def test_steps_schedule(tmp_path: Path) -> None:
     assert main([*BASE, "--schedule", "steps", "--set", "schedule_steps=0:4/6,3:6", "--max-steps", "4", "--out", str(run)]) == 0
     rows = [r for r in _rows(run) if r[0] == "step"]
     assert [(r[4], r[5]) for r in rows] == [(4, 6), (4, 6), (4, 6), (6, 6)]
+
+
+def test_cost_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cost", "--model", "lenet5", "--recipe", "int8", "--batch-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "classifier.5" in out and "grad_weight" in out and "saved KiB" in out
+    assert "BitOPs / fp32 (32x32): 0.0625" in out and "BitOPs / static int8 (8x8): 1.0000" in out
+    assert main(["cost", "--model", "lenet5", "--batch-size", "8", "--forward-bits", "4", "--grad-bits", "8"]) == 0
+    assert "4x4" in capsys.readouterr().out
+    assert main(["cost", "--recipe", "fp32"]) == 2
+    assert "no integer layers" in capsys.readouterr().err
+    assert main(["cost", "--forward-bits", "12"]) == 2  # QConv2d takes at most 8 bits

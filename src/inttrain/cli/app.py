@@ -136,6 +136,27 @@ def eval_cmd(
     run_eval(checkpoint, dataset, data_dir, threads)
 
 
+@app.command("cost")
+def cost_cmd(
+    model: Annotated[str, typer.Option(help="Model name.")] = "small-cnn",
+    recipe: Annotated[str, typer.Option(help="Integer recipe, e.g. int8.")] = "int8",
+    batch_size: Annotated[int, typer.Option(help="Batch size of the dummy batch.")] = 32,
+    dataset: Annotated[str, typer.Option(help="Dataset whose input shape and classes to use.")] = "digits",
+    data_dir: Annotated[Optional[Path], typer.Option(help="Data file or folder for --dataset.")] = None,
+    bits: Annotated[Optional[int], typer.Option(help="Override the recipe's bit width.")] = None,
+    forward_bits: Annotated[Optional[int], typer.Option(help="Forward-GEMM bits (as a precision schedule would set).")] = None,
+    grad_bits: Annotated[Optional[int], typer.Option(help="Output-gradient bits of the backward GEMMs.")] = None,
+    seq_len: Annotated[int, typer.Option(help="Text dataset: sequence length.")] = 64,
+) -> None:
+    """Per-layer BitOPs / energy / saved-activation table of one forward+backward on a dummy batch (no training).
+    BitOPs is the hardware-independent measure; on this CPU fewer than 8 bits are not faster (int8 kernels)."""
+    from .cost_cmd import cost_config, run_cost
+
+    cfg = cost_config(model=model, recipe=recipe, batch_size=batch_size, dataset=dataset,
+                      data_dir=None if data_dir is None else str(data_dir), bits=bits, seq_len=seq_len)
+    run_cost(cfg, forward_bits, grad_bits)
+
+
 recipes_app = typer.Typer(help="List recipes, or show one's defaults.", invoke_without_command=True)
 app.add_typer(recipes_app, name="recipes")
 
