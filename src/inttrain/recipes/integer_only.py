@@ -1,0 +1,182 @@
+"""``integer-only``: NITI-style integer-only training (Wang et al., "NITI: Training Integer Neural
+Networks Using Integer-only Arithmetic", IEEE TPDS 2022) on the PyTorch engine :mod:`inttrain.integer_only`.
+
+Unlike the other recipes this one does **not** go through :func:`inttrain.prepare_`: ``prepare_``
+keeps float master weights and float autograd around integer GEMMs, while here there is no float
+anywhere in a training step (int8 codes with power-of-two exponents, int32 accumulators, rounding
+shifts, an integer softmax cross-entropy gradient and integer SGD; docs/integer-training.md). Its own
+entry point is :func:`convert` (``inttrain.recipes.integer_only.convert(model, config)``), which turns
+a float ``torch.nn.Sequential`` (its initial weights) into an :class:`inttrain.integer_only.Sequential`;
+train it with :func:`optimizer` and :func:`inttrain.integer_only.train_epoch` / ``train_step``, save it
+with its ``.save(dir)`` (micro's file format). For the same reason it is not listed in
+``inttrain.recipes.RECIPES`` / ``from_name`` (those return ``prepare_`` configs).
+
+What differs from NITI (see the doc for the exact arithmetic):
+
+- softmax cross-entropy: NITI approximates the error with a power-of-two softmax; here exp is a Q15
+  exp2 table with a Q8 ``log2(e)`` factor and the probabilities are exact integer divisions in Q7;
+- update: NITI trains int8 weights with a bit-width-limited gradient; here the step is the exact int32
+  gradient shifted by ``lr_shift`` into int16 master weights (``weight_bits=16``, default) or the int8
+  weights themselves (``weight_bits=8``, NITI's setting), with optional integer momentum;
+- rounding modes are configurable per direction (NITI: pseudo-stochastic rounding from the discarded bits);
+- convolutions have stride/padding, and there is a range batch norm and residual additions with
+  exponent alignment (docs §4.1-§4.2), which NITI does not have. Biases are not supported (as in NITI).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import integer_only as T
+from .. import micro
+from ..micro.ops import ROUNDING_MODES, qmax
+
+__all__ = ["IntegerOnlyConfig", "convert", "optimizer", "describe", "float_to_codes"]
+
+
+@dataclass(frozen=True)
+class IntegerOnlyConfig:
+    """Config of the ``integer-only`` recipe.
+
+    Args:
+        forward_rounding / backward_rounding / update_rounding: shift rounding (``rne``, ``pstoch``,
+            ``floor``) of activations, errors and weight updates (docs §2).
+        lr_shift: learning rate ``2**-lr_shift`` on the summed-batch gradient (0..62).
+        momentum_shift: ``None`` (plain SGD) or ``m`` for beta = 1 - 2**-m (1..16).
+        weight_bits: master weights, 16 (int16 accumulators) or 8 (NITI's int8 weights).
+        drop_bias: biases are not part of the arithmetic; ``False`` refuses a model with a non-zero bias,
+            ``True`` drops them.
+        seed: the description's seed (only micro's init RNG for layers :func:`convert` does not copy).
+    """
+
+    name = "integer-only"
+    forward_rounding: str = "rne"
+    backward_rounding: str = "pstoch"
+    update_rounding: str = "pstoch"
+    lr_shift: int = 8
+    momentum_shift: int | None = None
+    weight_bits: int = 16
+    drop_bias: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in ("forward_rounding", "backward_rounding", "update_rounding"):
+            if getattr(self, f) not in ROUNDING_MODES:
+                raise ValueError(f"integer-only {f}={getattr(self, f)!r}: allowed {ROUNDING_MODES}")
+        if not isinstance(self.lr_shift, int) or isinstance(self.lr_shift, bool) or not 0 <= self.lr_shift <= 62:
+            raise ValueError(f"integer-only lr_shift={self.lr_shift!r}: allowed 0..62")
+        m = self.momentum_shift
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= 16):
+            raise ValueError(f"integer-only momentum_shift={m!r}: allowed None or 1..16")
+        if self.weight_bits not in (8, 16) or isinstance(self.weight_bits, bool):
+            raise ValueError(f"integer-only weight_bits={self.weight_bits!r}: allowed 8 or 16")
+
+    @property
+    def rounding(self) -> dict:
+        return {"forward": self.forward_rounding, "backward": self.backward_rounding, "update": self.update_rounding}
+
+
+def float_to_codes(w: np.ndarray, bits: int) -> tuple[np.ndarray, int]:
+    """Float weights -> (codes, exponent) with micro's init rule: ``max|w|`` maps to about a quarter
+    of the code range, ``E = ceil(log2(max|w| / (qmax // 4)))``, codes = round-half-even(w / 2**E)."""
+    w = np.asarray(w, dtype=np.float64)
+    quarter = qmax(bits) // 4
+    amax = float(np.abs(w).max()) if w.size else 0.0
+    if not math.isfinite(amax):
+        raise ValueError("weights must be finite")
+    exp = -(quarter.bit_length() - 1) if amax == 0.0 else math.ceil(math.log2(amax / quarter))
+    codes = np.clip(np.rint(w / 2.0 ** exp), -qmax(bits), qmax(bits)).astype(np.int64)
+    return codes, int(exp)
+
+
+def _pair(v, what: str) -> int:
+    if isinstance(v, tuple):
+        if len(set(v)) != 1:
+            raise ValueError(f"{what} must be square, got {v}")
+        v = v[0]
+    return int(v)
+
+
+def describe(model: nn.Sequential, config: IntegerOnlyConfig, input_shape) -> tuple[dict, list]:
+    """The micro model description of ``model`` and, per layer, its float tensors to convert."""
+    layers, tensors = [], []
+    for i, mod in enumerate(model):
+        where = f"layer {i} ({type(mod).__name__})"
+        bias = getattr(mod, "bias", None)
+        if isinstance(mod, (nn.Linear, nn.Conv2d)) and bias is not None and not config.drop_bias:
+            if bool((bias.detach() != 0).any()):
+                raise ValueError(f"{where}: has a non-zero bias; build it with bias=False or set drop_bias=True")
+        if isinstance(mod, nn.Linear):
+            layers.append({"type": "linear", "in_features": mod.in_features, "out_features": mod.out_features})
+            tensors.append({"weight": mod.weight})
+        elif isinstance(mod, nn.Conv2d):
+            if mod.groups != 1 or _pair(mod.dilation, "dilation") != 1 or mod.padding_mode != "zeros":
+                raise ValueError(f"{where}: only groups=1, dilation=1, zero padding are supported")
+            if isinstance(mod.padding, str):
+                raise ValueError(f"{where}: give padding as an integer")
+            layers.append({"type": "conv2d", "in_channels": mod.in_channels, "out_channels": mod.out_channels,
+                           "kernel_size": _pair(mod.kernel_size, "kernel_size"), "stride": _pair(mod.stride, "stride"),
+                           "padding": _pair(mod.padding, "padding")})
+            tensors.append({"weight": mod.weight})
+        elif isinstance(mod, nn.ReLU):
+            layers.append({"type": "relu"})
+            tensors.append({})
+        elif isinstance(mod, nn.MaxPool2d):
+            k = _pair(mod.kernel_size, "kernel_size")
+            s = k if mod.stride is None else _pair(mod.stride, "stride")
+            if s != k or _pair(mod.padding, "padding") != 0 or _pair(mod.dilation, "dilation") != 1 or mod.ceil_mode:
+                raise ValueError(f"{where}: only non-overlapping pools (stride = kernel, no padding, floor) are supported")
+            layers.append({"type": "maxpool2d", "kernel_size": k})
+            tensors.append({})
+        elif isinstance(mod, nn.Flatten):
+            if mod.start_dim != 1 or mod.end_dim != -1:
+                raise ValueError(f"{where}: only Flatten(start_dim=1, end_dim=-1) is supported")
+            layers.append({"type": "flatten"})
+            tensors.append({})
+        else:
+            raise ValueError(f"{where}: unsupported module; allowed: Linear, Conv2d, ReLU, MaxPool2d, Flatten")
+    if input_shape is None:
+        first = layers[0] if layers else {}
+        if first.get("type") != "linear":
+            raise ValueError("input_shape is required unless the first layer is Linear")
+        input_shape = [first["in_features"]]
+    desc = {"input_shape": [int(d) for d in input_shape], "weight_bits": config.weight_bits,
+            "rounding": config.rounding, "seed": config.seed, "layers": layers}
+    return desc, tensors
+
+
+def convert(model: nn.Sequential, config: IntegerOnlyConfig | None = None, input_shape=None,
+            device: torch.device | str | None = None) -> T.Sequential:
+    """An :class:`inttrain.integer_only.Sequential` with ``model``'s (float, e.g. freshly initialized)
+    weights converted to integer codes (:func:`float_to_codes`, one exponent per tensor).
+
+    ``model``: a ``torch.nn.Sequential`` of Linear / Conv2d (square kernel, stride, padding; no groups,
+    no dilation) / ReLU / MaxPool2d (non-overlapping) / Flatten; ``input_shape``: ``[C, H, W]`` or
+    ``[features]`` of one sample (optional when the first layer is Linear). The float model is not
+    modified and not used afterwards.
+    """
+    config = config or IntegerOnlyConfig()
+    if not isinstance(model, nn.Sequential):
+        raise TypeError("convert expects a torch.nn.Sequential")
+    desc, tensors = describe(model, config, input_shape)
+    try:
+        mm = micro.Sequential.from_description(desc)
+    except micro.MicroFormatError as e:
+        raise ValueError(str(e)) from None
+    for ml, ts in zip(mm.layers, tensors):
+        if "weight" in ts:
+            codes, exp = float_to_codes(ts["weight"].detach().cpu().double().numpy(), config.weight_bits)
+            ml.weight.acc = codes.astype(ml.weight.acc.dtype)
+            ml.weight.exp = exp
+    return T.Sequential.from_micro(mm, device)
+
+
+def optimizer(model: T.Sequential, config: IntegerOnlyConfig | None = None) -> T.SGD:
+    """The integer SGD of ``config`` (lr shift, momentum shift, update rounding) over ``model``'s parameters."""
+    config = config or IntegerOnlyConfig()
+    return T.SGD(model.params(), config.lr_shift, config.momentum_shift, config.update_rounding)

@@ -1,0 +1,95 @@
+"""inttrain.recipes.integer_only: config, conversion of a float nn.Sequential to the integer-only engine."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from inttrain import integer_only as T
+from inttrain import micro as M
+from inttrain.recipes.integer_only import IntegerOnlyConfig, convert, float_to_codes, optimizer
+
+
+def test_config_frozen_and_validated():
+    c = IntegerOnlyConfig()
+    assert (c.lr_shift, c.weight_bits, c.momentum_shift) == (8, 16, None)
+    assert c.rounding == {"forward": "rne", "backward": "pstoch", "update": "pstoch"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.lr_shift = 3
+    for bad in ({"weight_bits": 12}, {"lr_shift": 63}, {"momentum_shift": 0}, {"update_rounding": "up"}):
+        with pytest.raises(ValueError):
+            IntegerOnlyConfig(**bad)
+
+
+def test_float_to_codes():
+    w = np.array([[0.5, -0.25], [0.1, 0.0]])
+    codes, e = float_to_codes(w, 16)
+    assert e == -13 and codes.tolist() == [[4096, -2048], [819, 0]]          # 0.5 -> 4096 <= 32767 // 4
+    codes8, e8 = float_to_codes(w, 8)
+    assert e8 == -5 and codes8.tolist() == [[16, -8], [3, 0]]
+    assert float_to_codes(np.zeros(3), 8)[0].tolist() == [0, 0, 0]
+
+
+def test_convert_mlp_copies_weights_and_checks_modules():
+    torch.manual_seed(0)
+    f = nn.Sequential(nn.Linear(64, 32, bias=False), nn.ReLU(), nn.Linear(32, 10, bias=False))
+    cfg = IntegerOnlyConfig(weight_bits=8, momentum_shift=2, lr_shift=7)
+    m = convert(f, cfg)
+    assert isinstance(m, T.Sequential) and m.desc["input_shape"] == [64] and m.desc["weight_bits"] == 8
+    for (_, p), lin in zip(m.named_params(), (f[0], f[2])):
+        w = lin.weight.detach().double()
+        assert p.acc.dtype == torch.int8
+        assert (p.acc.double() * 2.0 ** p.exp - w).abs().max() <= 2.0 ** p.exp / 2 + 1e-12
+    opt = optimizer(m, cfg)
+    assert (opt.lr_shift, opt.momentum_shift, opt.rounding) == (7, 2, "pstoch")
+    with pytest.raises(ValueError, match="bias"):
+        convert(nn.Sequential(nn.Linear(4, 2)))
+    assert convert(nn.Sequential(nn.Linear(4, 2)), IntegerOnlyConfig(drop_bias=True)).desc["num_classes"] == 2
+    for bad in (nn.Sequential(nn.Linear(4, 4, bias=False), nn.Sigmoid()),
+                nn.Sequential(nn.Conv2d(1, 2, 3, groups=1, dilation=2, bias=False), nn.Flatten(), nn.Linear(8, 2, bias=False)),
+                nn.Sequential(nn.Conv2d(1, 2, 3, bias=False), nn.MaxPool2d(2, stride=1), nn.Flatten())):
+        with pytest.raises(ValueError):
+            convert(bad, input_shape=[1, 8, 8])
+    with pytest.raises(ValueError, match="input_shape"):
+        convert(nn.Sequential(nn.Conv2d(1, 2, 3, bias=False), nn.Flatten()))
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = np.minimum(d.data * 8, 127).astype(np.int8).reshape(-1, 1, 8, 8)
+    perm = np.random.default_rng(0).permutation(len(x))
+    tr, te = perm[:1437], perm[1437:]
+    return x[tr], x[te], d.target[tr], d.target[te]
+
+
+def _cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(128, 10, bias=False))
+
+
+def test_converted_cnn_matches_float_forward_and_trains(digits, tmp_path):
+    """Measured: 0.928 test accuracy after 2 epochs (lr 2**-6, batch 32) from torch's default init (seed 0)."""
+    xtr, xte, ytr, yte = digits
+    f = _cnn()
+    m = convert(f, IntegerOnlyConfig(lr_shift=6), input_shape=[1, 8, 8])
+    xb = torch.from_numpy(xtr[:64])
+    logits = m.forward(T.IntTensor(xb, -7)).to_float()
+    with torch.no_grad():
+        ref = f(xb.float() * 2.0 ** -7).double()
+    cos = float((logits * ref).sum() / logits.norm() / ref.norm())
+    assert cos > 0.99, cos                                           # the integer forward is the float one
+    opt = optimizer(m, IntegerOnlyConfig(lr_shift=6))
+    for ep in range(2):
+        T.train_epoch(m, opt, xtr, -7, ytr, 32, seed=ep)
+    acc = T.evaluate(m, xte, -7, yte)
+    print("converted cnn test accuracy", acc)
+    assert acc > 0.9, acc
+    m.save(tmp_path / "run")                                        # micro's format
+    mm = M.load_model(tmp_path / "run")
+    assert M.evaluate(mm, xte, -7, yte) == acc
