@@ -33,3 +33,12 @@ def test_readme_example_description_trains():
     m = Sequential.from_description(json.loads(block))
     x = np.random.default_rng(0).integers(-127, 128, size=(64, 64)).astype(np.int8)
     train_epoch(m, SGD(m.params(), 6), x, -7, np.arange(64) % 10, 32)
+
+
+def test_residual_add_example_in_docs():
+    from inttrain.micro import IntTensor, add_aligned
+
+    assert "`A = [100, -3, 127]` at `-5`, `B = [64, 7, 127]` at `-3`" in DOC and "`[44, 3, 80]` at exponent `-2`" in DOC
+    out = add_aligned(IntTensor(np.array([100, -3, 127], np.int8), -5), IntTensor(np.array([64, 7, 127], np.int8), -3))
+    assert out.q.tolist() == [44, 3, 80] and out.exp == -2
+    assert "`M <= 132104`" in DOC
