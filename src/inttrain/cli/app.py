@@ -93,6 +93,9 @@ def train_cmd(
     out: Annotated[Optional[Path], typer.Option(help="Run folder [default: runs/<model>-<recipe>-<timestamp>].")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of run settings (flags override it).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="key=value override of a config key (repeatable).")] = None,
+    nproc: Annotated[Optional[int], typer.Option(help="Data-parallel processes on this machine (gloo, 127.0.0.1); --batch-size is the global batch, split evenly. Under torchrun the world size comes from its environment. [default: 1]")] = None,
+    comm: Annotated[Optional[str], typer.Option(help="Gradient all-reduce with --nproc > 1: fp32 or int8 (inttrain.distributed hook). [default: fp32]")] = None,
+    dist_timeout: Annotated[Optional[float], typer.Option("--dist-timeout", help="Seconds a rank waits for its peers (rendezvous and every collective) before failing. [default: 300]")] = None,
 ) -> None:
     """Train one model with one recipe into a run folder (config, metrics, log, checkpoints)."""
     from .config import resolve_config
@@ -100,7 +103,8 @@ def train_cmd(
 
     flags = dict(model=model, dataset=dataset, data_dir=data_dir, recipe=recipe, bits=bits, epochs=epochs,
                  batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads,
-                 max_steps=max_steps, log_every=log_every, seq_len=seq_len, augment=augment, schedule=schedule)
+                 max_steps=max_steps, log_every=log_every, seq_len=seq_len, augment=augment, schedule=schedule,
+                 nproc=nproc, comm=comm, dist_timeout=dist_timeout)
     cfg = resolve_config(config, list(set_ or []), flags)
     code = start_run(cfg, out)
     if code:
@@ -113,12 +117,14 @@ def resume_cmd(
     epochs: Annotated[Optional[int], typer.Option(help="New total number of epochs.")] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Stop again after this many steps in total.")] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads.")] = None,
+    nproc: Annotated[Optional[int], typer.Option(help="Data-parallel processes for this leg (any that divides the global batch). [default: the run's]")] = None,
+    comm: Annotated[Optional[str], typer.Option(help="fp32 or int8 gradient all-reduce for this leg. [default: the run's]")] = None,
 ) -> None:
     """Continue a run from its last checkpoint, bit-identically."""
     from .run import resume_run
 
-    _check_positive(**{k: v for k, v in dict(epochs=epochs, max_steps=max_steps, threads=threads).items() if v is not None})
-    code = resume_run(run_dir, epochs, max_steps, threads)
+    _check_positive(**{k: v for k, v in dict(epochs=epochs, max_steps=max_steps, threads=threads, nproc=nproc).items() if v is not None})
+    code = resume_run(run_dir, epochs, max_steps, threads, nproc, comm)
     if code:
         raise typer.Exit(code)
 
@@ -265,9 +271,27 @@ def _check_recipe(recipe: str, field: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the process exit code."""
-    from .errors import UsageProblem
+    import os
 
     args = list(sys.argv[1:] if argv is None else argv)
+    code = _main(args)
+    if code and "RANK" in os.environ and "WORLD_SIZE" in os.environ and argv is None:
+        # A failed rank exits at once: waiting on a process group whose peers may be gone can hang.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _rank_prefix() -> str:
+    import os
+
+    return f"rank {os.environ['RANK']}: " if "RANK" in os.environ and "WORLD_SIZE" in os.environ else ""
+
+
+def _main(args: list[str]) -> int:
+    from .errors import UsageProblem
+
     # --debug is accepted anywhere on the line, not only before the command.
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
@@ -276,27 +300,27 @@ def main(argv: list[str] | None = None) -> int:
         rv = command.main(args=args, prog_name="inttrain", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
     except typer.Abort:
-        typer.echo("error: aborted", err=True)
+        typer.echo(f"error: {_rank_prefix()}aborted", err=True)
         return 130
     except Exception as e:
         if debug:
             traceback.print_exc()
         if isinstance(e, UsageProblem):
-            typer.echo(f"error: {e}", err=True)
+            typer.echo(f"error: {_rank_prefix()}{e}", err=True)
             return e.exit_code
         if isinstance(e, typer.TyperException):  # typer's own usage errors (unknown option, ...)
-            typer.echo(f"error: {e.format_message()}", err=True)
+            typer.echo(f"error: {_rank_prefix()}{e.format_message()}", err=True)
             return int(getattr(e, "exit_code", 2))
         from inttrain.trainer import NonFiniteLossError
 
         if isinstance(e, NonFiniteLossError):
-            typer.echo(f"error: training diverged: {e}", err=True)
+            typer.echo(f"error: {_rank_prefix()}training diverged: {e}", err=True)
             return 1
         if isinstance(e, ValueError):  # inttrain's own validation (e.g. a recipe prepare_ rejects)
-            typer.echo(f"error: {e}", err=True)
+            typer.echo(f"error: {_rank_prefix()}{e}", err=True)
             return 2
         typer.echo(
-            f"error: unexpected {type(e).__name__}: {e}" + ("" if debug else " (rerun with --debug for the traceback)"),
+            f"error: {_rank_prefix()}unexpected {type(e).__name__}: {e}" + ("" if debug else " (rerun with --debug for the traceback)"),
             err=True,
         )
         return 1

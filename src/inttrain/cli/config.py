@@ -53,6 +53,11 @@ class RunConfig:
     schedule_steps: str | None = None  # steps: "0:4/8,100:6,200:8" = step:forward[/grad] milestones
     schedule_window: int = 50  # pfq: steps per loss window
     schedule_threshold: float = 0.05  # pfq: initial loss-change threshold (halved at every stage)
+    # Data parallel (issue 8): processes (ranks), their gradient communication and collective timeout.
+    # batch_size stays the global batch: each of the nproc ranks trains on batch_size / nproc rows.
+    nproc: int = 1
+    comm: str = "fp32"  # fp32 all-reduce or the int8 hook (inttrain.distributed)
+    dist_timeout: float = 300.0  # seconds a collective (or the rendezvous) may wait for a peer
 
 
 _HINTS = typing.get_type_hints(RunConfig)

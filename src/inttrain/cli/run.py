@@ -85,6 +85,11 @@ def validate_config(cfg: RunConfig) -> Any:
         value = getattr(cfg, key)
         if value is not None and value < 1:
             raise UsageProblem(f"--set {key}", f"{value} must be > 0")
+    check_choice("--comm", cfg.comm, ("fp32", "int8"))
+    _check_positive(nproc=cfg.nproc, dist_timeout=cfg.dist_timeout)
+    if cfg.batch_size % cfg.nproc:
+        raise UsageProblem("--batch-size", f"{cfg.batch_size} is the global batch and must be divisible by "
+                                           f"--nproc {cfg.nproc}")
     if cfg.val_fraction is not None and not 0 < cfg.val_fraction < 1:
         raise UsageProblem("--set val_fraction", f"{cfg.val_fraction} must be strictly between 0 and 1")
     # Token ids and images are not interchangeable: the language model and the text data go together.
@@ -169,8 +174,12 @@ def check_out(out: Path) -> None:
         raise UsageProblem("--out", f"{str(out)!r}: cannot create a folder under {str(parent)!r} (not writable)")
 
 
-def run_training(p: Prepared, folder: Any, resume_from: Any = None) -> int:
-    """Train with ``folder`` as hooks; returns the exit code (128+signal if stopped by one)."""
+def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = None) -> int:
+    """Train with ``folder`` as hooks; returns the exit code (128+signal if stopped by one).
+
+    ``dp``: this rank's :class:`inttrain.distributed.data_parallel.DataParallel`; ranks other than 0
+    pass a :class:`SilentFolder` (no files, no output).
+    """
     from inttrain.trainer import train
 
     from .signals import exit_code_for, stop_on_signals
@@ -203,11 +212,14 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None) -> int:
                 optimizer=cfg.optimizer, seed=cfg.seed, log=folder.log, max_consecutive_skips=cfg.max_consecutive_skips,
                 recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
                 resume_from=resume_from, augment=cfg.augment, precision_scheduler=p.scheduler, cost_counter=counter,
+                data_parallel=dp, **({"progress": False} if isinstance(folder, SilentFolder) else {}),
             )
     finally:
         folder.close()
         if counter is not None:
             counter.detach()
+    if isinstance(folder, SilentFolder):
+        return exit_code_for(got[0]) if got else 0
     write_summary(folder.root, cfg, result)
     if got:
         folder.log(f"interrupted by signal {got[0]}: saved {folder.checkpoint('last')[0]}; "
@@ -262,29 +274,159 @@ def write_summary(root: Path, cfg: RunConfig, result: Any) -> None:
     (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
+class SilentFolder:
+    """The run-folder hooks of ranks other than 0: they train in lock step but write and print nothing."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self.extra = None
+        self.root = None
+
+    def on_step(self, *a: Any) -> None: ...
+    def on_epoch(self, *a: Any) -> None: ...
+    def save(self, *a: Any) -> None: ...
+    def log(self, line: str) -> None: ...
+    def open_tensorboard(self, *a: Any) -> None: ...
+    def close(self) -> None: ...
+
+    def should_stop(self) -> bool:
+        return self.stop
+
+
+def _silent(*a: Any, **k: Any) -> None:
+    return None
+
+
+def _rank_env() -> tuple[int, int, int] | None:
+    from inttrain.distributed.data_parallel import env_rank
+
+    return env_rank()
+
+
+def _rank_threads(cfg: RunConfig) -> None:
+    """Ranks share the CPU: without --threads each gets cores / local ranks (at least 1)."""
+    import os
+
+    import torch
+
+    if cfg.threads is None:
+        per = os.environ.get("INTTRAIN_THREADS_PER_RANK")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        torch.set_num_threads(int(per) if per else max(1, (os.cpu_count() or 1) // max(1, local)))
+
+
+def _setup_ranks(cfg: RunConfig, setup: Any) -> tuple[Any, Any]:
+    """Init the process group from env, run ``setup()`` on every rank, agree that all succeeded.
+
+    Returns (setup's result, DataParallel). A rank whose setup failed re-raises its own error; the
+    others raise naming it, so no rank waits in a collective for a peer that is gone.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from inttrain.distributed.data_parallel import DataParallel, init_from_env
+
+    rank, world = init_from_env(cfg.dist_timeout)
+    error: BaseException | None = None
+    result = None
+    try:
+        result = setup(rank)
+    except Exception as e:  # noqa: BLE001 - re-raised below, after the ranks agreed
+        error = e
+    flags = torch.zeros(world)
+    flags[rank] = 1.0 if error is not None else 0.0
+    dist.all_reduce(flags)
+    if error is not None:
+        raise error
+    failed = [r for r in range(world) if flags[r] > 0]
+    if failed:
+        raise RuntimeError(f"setup failed on rank {failed[0]} (see its error)")
+    return result, DataParallel(comm=cfg.comm, seed=cfg.seed)
+
+
+def _finish_ranks() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _launch(args: list[str], cfg: RunConfig) -> int:
+    import os
+
+    from inttrain.distributed.launch import launch_local
+
+    per = None if cfg.threads is not None else max(1, (os.cpu_count() or 1) // cfg.nproc)
+    return launch_local(args, cfg.nproc, cfg.dist_timeout, echo=lambda m: typer.echo(m, err=True), threads_per_rank=per)
+
+
 def start_run(cfg: RunConfig, out: Path | None) -> int:
     from inttrain.trainer.run_folder import RunFolder
 
     out = out if out is not None else default_out(cfg)
+    env = _rank_env()
+    if env is not None:
+        cfg = dataclasses.replace(cfg, nproc=env[1])  # torchrun decides the world size
     validate_config(cfg)  # cheap name/number checks first, so their errors win
-    check_out(out)
-    p = prepare_run(cfg)
-    folder = RunFolder(out, asdict(cfg), cfg.log_every, echo=typer.echo)
+    if env is None and cfg.nproc > 1:
+        # Launch N ranks of this same command; they read the resolved config from a temporary file.
+        import tempfile
+
+        from inttrain.trainer.run_folder import write_yaml_atomic
+
+        check_out(out)
+        with tempfile.TemporaryDirectory(prefix="inttrain-launch-") as tmp:
+            cfg_file = Path(tmp) / "config.yaml"
+            write_yaml_atomic(cfg_file, asdict(cfg))
+            return _launch(["train", "--config", str(cfg_file), "--out", str(out)], cfg)
+    if env is None:
+        check_out(out)
+        p = prepare_run(cfg)
+        folder = RunFolder(out, asdict(cfg), cfg.log_every, echo=typer.echo)
+        try:
+            folder.create()
+        except OSError as e:
+            raise UsageProblem("--out", f"{str(out)!r}: cannot write ({e.strerror or e})") from None
+        typer.echo(f"run folder: {out}")
+        return run_training(p, folder)
+
+    _rank_threads(cfg)
+
+    def setup(rank: int) -> tuple[Prepared, Any]:
+        if rank != 0:
+            return prepare_run(cfg, echo=_silent), SilentFolder()
+        check_out(out)
+        p = prepare_run(cfg)
+        folder = RunFolder(out, asdict(cfg), cfg.log_every, echo=typer.echo)
+        try:
+            folder.create()
+        except OSError as e:
+            raise UsageProblem("--out", f"{str(out)!r}: cannot write ({e.strerror or e})") from None
+        typer.echo(f"run folder: {out} ({env[1]} processes, {cfg.comm} gradient all-reduce, "
+                   f"global batch {cfg.batch_size} = {env[1]} x {cfg.batch_size // env[1]})")
+        return p, folder
+
     try:
-        folder.create()
-    except OSError as e:
-        raise UsageProblem("--out", f"{str(out)!r}: cannot write ({e.strerror or e})") from None
-    typer.echo(f"run folder: {out}")
-    return run_training(p, folder)
+        (p, folder), dp = _setup_ranks(cfg, setup)
+        return run_training(p, folder, dp=dp)
+    finally:
+        _finish_ranks()
 
 
-def resume_run(run_dir: Path, epochs: int | None, max_steps: int | None, threads: int | None) -> int:
-    """Continue ``run_dir`` from ``checkpoints/last`` bit-identically."""
+def resume_run(run_dir: Path, epochs: int | None, max_steps: int | None, threads: int | None,
+               nproc: int | None = None, comm: str | None = None) -> int:
+    """Continue ``run_dir`` from ``checkpoints/last`` bit-identically.
+
+    ``nproc``/``comm``: processes and gradient communication of this leg (default: the saved
+    run's). Checkpoints do not depend on the process count (``batch_size`` is the global batch),
+    so a run may resume with any ``nproc`` dividing it.
+    """
     from inttrain.trainer import CheckpointError, load_checkpoint
     from inttrain.trainer.run_folder import RunFolder, write_yaml_atomic
 
     if not run_dir.is_dir():
         raise UsageProblem("RUN_DIR", f"{str(run_dir)!r} is not a folder; expected a run folder made by `inttrain train`")
+    env = _rank_env()
     folder = RunFolder(run_dir, {}, echo=typer.echo)
     w_path, s_path = folder.checkpoint("last")
     try:
@@ -298,16 +440,45 @@ def resume_run(run_dir: Path, epochs: int | None, max_steps: int | None, threads
         saved["epochs"] = epochs
     if threads is not None:
         saved["threads"] = threads
+    if nproc is not None:
+        saved["nproc"] = nproc
+    if comm is not None:
+        saved["comm"] = comm
+    if env is not None:
+        saved["nproc"] = env[1]
     cfg = dataclasses.replace(RunConfig(), **saved)
-    p = prepare_run(cfg)
-    folder.config, folder.log_every = asdict(cfg), cfg.log_every
+    validate_config(cfg)
+    if env is None and cfg.nproc > 1:
+        args = ["resume", str(run_dir), "--nproc", str(cfg.nproc), "--comm", cfg.comm]
+        for flag, value in (("--epochs", epochs), ("--max-steps", max_steps), ("--threads", threads)):
+            if value is not None:
+                args += [flag, str(value)]
+        return _launch(args, cfg)
     ts = state["train_state"]
-    folder.truncate_after(int(ts["step"]), int(ts["epoch"]))
-    write_yaml_atomic(run_dir / "config.yaml", folder.config)
-    folder.log(f"resuming {run_dir} at step {ts['step']} (epoch {ts['epoch'] + 1}, batch {ts['position']})")
+
+    def setup(rank: int) -> tuple[Prepared, Any]:
+        if rank != 0:
+            return prepare_run(cfg, echo=_silent), SilentFolder()
+        p = prepare_run(cfg)
+        folder.config, folder.log_every = asdict(cfg), cfg.log_every
+        folder.truncate_after(int(ts["step"]), int(ts["epoch"]))
+        write_yaml_atomic(run_dir / "config.yaml", folder.config)
+        folder.log(f"resuming {run_dir} at step {ts['step']} (epoch {ts['epoch'] + 1}, batch {ts['position']})"
+                   + (f" on {cfg.nproc} processes ({cfg.comm})" if env is not None else ""))
+        return p, folder
+
     try:
-        return run_training(p, folder, resume_from=(weights, state))
+        if env is None:
+            p, dp = setup(0), None
+            p, folder_ = p
+        else:
+            _rank_threads(cfg)
+            (p, folder_), dp = _setup_ranks(cfg, setup)
+        return run_training(p, folder_, resume_from=(weights, state), dp=dp)
     except RuntimeError as e:  # load_state_dict: keys/shapes do not match the configured model
         if "state_dict" in str(e):
             raise UsageProblem("RUN_DIR", f"{w_path}: does not fit model {cfg.model!r}: {str(e).splitlines()[0]}") from None
         raise
+    finally:
+        if env is not None:
+            _finish_ranks()

@@ -233,6 +233,7 @@ def train(
     augment: str = "none",
     precision_scheduler: Any = None,
     cost_counter: Any = None,
+    data_parallel: Any = None,
 ) -> RunResult:
     """Train ``model`` on ``splits`` in place and return per-epoch statistics.
 
@@ -253,6 +254,10 @@ def train(
     attempted step with its loss (None when skipped); ``cost_counter``: an
     :class:`inttrain.cost.BitOpsCounter`, attached for the training steps. Both are saved in checkpoints
     (``state_dict``) and restored on resume, so scheduled runs resume bit-identically.
+    ``data_parallel``: an :class:`inttrain.distributed.data_parallel.DataParallel` (process group
+    initialized): the model is wrapped in DDP, ``batch_size`` is the global batch and each rank
+    trains on its equal share of it; logged losses are global means, and all ranks skip/stop at
+    the same steps. Checkpoints (``hooks.save``) equal those of a single-process run.
     """
     if epochs < 1 or batch_size < 1 or not lr > 0 or max_consecutive_skips < 1:
         raise ValueError(
@@ -285,6 +290,11 @@ def train(
             cost_counter.load_state_dict(saved["cost_counter"])
     if cost_counter is not None:
         cost_counter.attach()
+    dp = data_parallel
+    net: nn.Module = model
+    if dp is not None:
+        dp.check_batch(batch_size)
+        net = dp.wrap(model)  # after a resume's load: every rank starts from the same weights
 
     n = len(splits.train)
     lm = splits.task == "lm"
@@ -322,26 +332,39 @@ def train(
         bar = Progress(batches, f"epoch {epoch}/{epochs}", log, tty=progress)
         try:
             for b in range(state.position, batches):
-                x, y = _batch(splits.train, perm[b * batch_size : (b + 1) * batch_size])
+                idx = perm[b * batch_size : (b + 1) * batch_size]
                 state.step += 1
-                x = augment_batch(x, augment, seed, state.step)
+                if dp is None:
+                    x, y = _batch(splits.train, idx)
+                    x = augment_batch(x, augment, seed, state.step)
+                elif augment == "none":
+                    x, y = _batch(splits.train, dp.shard(idx))
+                else:  # augmentation draws per global batch: augment it whole, then take the shard
+                    x, y = _batch(splits.train, idx)
+                    x = augment_batch(x, augment, seed, state.step)
+                    x, y = x[dp.shard(torch.arange(len(idx)))], y[dp.shard(torch.arange(len(idx)))]
                 state.position = b + 1
                 x, y = x.to(dev), y.to(dev)
                 t0 = time.perf_counter()
                 # BatchNorm statistics change in the forward; a skipped step must not keep them.
                 buffers = [t.clone() for t in model.buffers()]
                 with autocast_for(recipe, dev):
-                    logits = model(x)
+                    logits = net(x)
                 loss = _loss(logits, y)
                 problem = None
-                if not torch.isfinite(loss):
-                    problem = f"non-finite loss ({float(loss.detach())})"
+                # Data parallel: the global mean (one all-reduce; non-finite on all ranks if on any).
+                loss_value = float(loss.detach()) if dp is None else dp.mean(loss)
+                if not math.isfinite(loss_value):
+                    problem = f"non-finite loss ({loss_value})"
                 else:
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
-                    bad = _first_nonfinite_grad(model)
-                    if bad is not None:
-                        problem = f"non-finite gradient in {bad!r}"
+                    if dp is None:
+                        bad = _first_nonfinite_grad(model)
+                        if bad is not None:
+                            problem = f"non-finite gradient in {bad!r}"
+                    elif not dp.grads_finite(model):
+                        problem = "non-finite gradient (on some rank)"
                 if problem is not None:
                     opt.zero_grad(set_to_none=True)
                     with torch.no_grad():
@@ -369,13 +392,14 @@ def train(
                     seconds = time.perf_counter() - t0
                     state.epoch_times.append(seconds)
                     state.step_times.append(seconds)
-                    state.epoch_losses.append(float(loss.detach()))
+                    state.epoch_losses.append(loss_value)
                     bar.update(b + 1, state.epoch_losses[-1])
                     hooks.on_step(state, state.epoch_losses[-1], opt.param_groups[0]["lr"], seconds)
                     if precision_scheduler is not None:
                         precision_scheduler.step(state.epoch_losses[-1])
                 reason = "max_steps" if max_steps is not None and state.step >= max_steps else ""
-                reason = reason or ("stop requested" if hooks.should_stop() else "")
+                stop = hooks.should_stop()
+                reason = reason or ("stop requested" if (stop if dp is None else dp.any(stop)) else "")
                 if reason:
                     hooks.save("last", snapshot)
                     log(f"stopped at step {state.step} (epoch {epoch}, batch {state.position}/{batches}): {reason}")
@@ -413,7 +437,8 @@ def train(
         if improved:
             hooks.save("best", snapshot)
         hooks.save("last", snapshot)
-        if hooks.should_stop():
+        stop = hooks.should_stop()
+        if stop if dp is None else dp.any(stop):
             log(f"stopped after epoch {epoch}: stop requested")
             return result("stop requested")
     return result()

@@ -1,0 +1,97 @@
+"""``inttrain train --nproc N``: start N local ranks of ``python -m inttrain`` on gloo over 127.0.0.1.
+
+Each rank is a fresh interpreter with the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the ``--nproc`` path and ``torchrun
+--nproc-per-node N -m inttrain train ...`` run the same code. The rendezvous store is hosted by
+this (parent) process on a port the OS picked (port 0: no free-port race); ranks connect to it as
+clients (``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun's agent).
+
+If a rank exits with an error the others fail their next collective (gloo notices the closed
+connection at once, otherwise after ``timeout_s``); whatever is still running ``timeout_s + 10``
+seconds after the first failure is killed. SIGINT/SIGTERM to the parent are passed on as SIGTERM,
+which the ranks treat like a single-process run does (finish the step, rank 0 saves ``last``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["launch_local"]
+
+
+def launch_local(args: list[str], nproc: int, timeout_s: float, echo: Callable[[str], Any] = print,
+                 threads_per_rank: int | None = None) -> int:
+    """Run ``python -m inttrain *args`` as ranks 0..nproc-1; return the exit code for the whole run."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, world_size=nproc, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
+    base = dict(os.environ)
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nproc),
+                LOCAL_WORLD_SIZE=str(nproc), TORCHELASTIC_USE_AGENT_STORE="True")
+    base.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if threads_per_rank is not None:
+        base["INTTRAIN_THREADS_PER_RANK"] = str(threads_per_rank)
+    procs: list[subprocess.Popen] = []
+    got: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        got.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for r in range(nproc):
+            env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
+            procs.append(subprocess.Popen([sys.executable, "-m", "inttrain", *args], env=env))
+        first_failure: tuple[int, int, float] | None = None  # (rank, code, time)
+        killed: list[int] = []
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if first_failure is None:
+                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0) and not _by_signal(c, got)]
+                if bad:
+                    first_failure = (*bad[0], time.monotonic())
+            elif time.monotonic() - first_failure[2] > timeout_s + 10:
+                for r, p in enumerate(procs):
+                    if p.poll() is None:
+                        p.kill()
+                        killed.append(r)
+                for p in procs:
+                    p.wait(10)
+                break
+            time.sleep(0.05)
+    finally:
+        for p in procs:  # only on an unexpected error in this loop: never leave ranks behind
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        for s, h in old.items():
+            signal.signal(s, h)
+        del store
+    codes = [p.returncode for p in procs]
+    if first_failure is None:
+        bad = [(r, c) for r, c in enumerate(codes) if c != 0 and not _by_signal(c, got)]
+        first_failure = (*bad[0], 0.0) if bad else None
+    if first_failure is not None:
+        rank, code, _ = first_failure
+        echo(f"error: rank {rank} of {nproc} failed (exit code {code}); the run stopped"
+             + (f"; killed ranks {killed} still running {timeout_s + 10:.0f}s later" if killed else ""))
+        return code if 0 < code < 128 else 1
+    return codes[0]
+
+
+def _by_signal(code: int, got: list[int]) -> bool:
+    """An exit code a rank returns after a forwarded signal (128 + signum), not a failure."""
+    return bool(got) and code >= 128
