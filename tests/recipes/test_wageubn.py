@@ -1,0 +1,126 @@
+"""wageubn (Yang et al., Neural Networks 2020): pow2 int8 W/A/E GEMMs, 8-bit G, 16-bit momentum,
+24-bit weights/update, 8-bit BN; digits convergence."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import inttrain
+from digits_utils import cnn, mlp, train
+from inttrain.kernels import int_kernel_calls, reset_kernel_calls
+from inttrain.nn.quant_bn import QuantBatchNorm2d, pow2_quantize
+from inttrain.recipes import WageubnConfig, WageubnSGD
+from inttrain.recipes.wageubn import quantize_grads_
+from inttrain.spec import PerTensor, Rounding, ScaleKind, UnsupportedFormatError
+
+
+def _is_pow2(s) -> bool:
+    e = math.log2(float(s))
+    return e == round(e)
+
+
+def _q(t, bits=8):
+    return torch.mul(*pow2_quantize(t, bits))
+
+
+def test_precision_is_per_tensor_pow2_int8_everywhere():
+    for layer in (nn.Linear(4, 3), nn.Conv2d(2, 3, 3)):
+        inttrain.prepare_(layer, "wageubn")
+        for gemm in (layer.precision.forward, layer.precision.grad_input, layer.precision.grad_weight):
+            assert gemm.integer
+            for spec in (gemm.lhs, gemm.rhs):
+                assert spec.bits == 8 and spec.scale_kind is ScaleKind.POW2 and isinstance(spec.granularity, PerTensor)
+
+
+def test_linear_gemms_are_exact_pow2_int8_products():
+    torch.manual_seed(0)
+    layer = nn.Linear(24, 10)
+    inttrain.prepare_(layer, "wageubn")
+    x = torch.randn(16, 24, requires_grad=True)
+    y = layer(x)
+    xq, wq = _q(x.detach()), _q(layer.weight.detach())
+    torch.testing.assert_close(y, xq @ wq.t() + layer.bias, rtol=1e-6, atol=1e-6)
+    dy = torch.randn(16, 10) * 0.01
+    y.backward(dy)
+    eq = _q(dy)
+    torch.testing.assert_close(x.grad, eq @ wq, rtol=1e-6, atol=1e-9)  # E x W
+    torch.testing.assert_close(layer.weight.grad, eq.t() @ xq, rtol=1e-6, atol=1e-9)  # E^T x A
+
+
+def test_quantize_grads_hand_made_and_at_most_256_levels():
+    p = nn.Parameter(torch.zeros(3))
+    p.grad = torch.tensor([0.3, -0.01, 1.0])  # 1/127 -> scale 2^-6: codes 19.2 -> 19, -0.64 -> -1, 64
+    quantize_grads_([p])
+    assert p.grad.tolist() == [19 / 64, -1 / 64, 1.0]
+    torch.manual_seed(0)
+    for stochastic in (False, True):
+        q = nn.Parameter(torch.zeros(64, 64))
+        q.grad = torch.randn(64, 64) * torch.logspace(-4, 0, 64)
+        quantize_grads_([q], stochastic=stochastic, seed=5)
+        levels = torch.unique(q.grad)
+        assert len(levels) <= 2**8
+        step = (levels[1:] - levels[:-1]).min()
+        assert _is_pow2(step) and torch.equal(levels / step, (levels / step).round())
+
+
+def test_wageubn_sgd_update_widths_match_the_definition():
+    torch.manual_seed(0)
+    w0 = torch.randn(8, 5)
+    p = nn.Parameter(w0.clone())
+    opt = WageubnSGD([p], lr=0.1, momentum=0.9)
+    grads = [torch.randn(8, 5) * 0.1, torch.randn(8, 5) * 0.3]
+    w, m = w0.clone(), None
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+        gq = _q(g, 8)
+        m = _q(gq if m is None else 0.9 * m + gq, 16)
+        _, s_w = pow2_quantize(w, 24)
+        u = torch.round(0.1 * m / s_w).clamp(-(2**23 - 1), 2**23 - 1) * s_w
+        w = _q(w - u, 24)
+        assert torch.equal(p.grad, gq)  # the optimizer saw the 8-bit gradient
+        assert len(torch.unique(p.grad)) <= 2**8
+        st = opt.state[p]
+        assert torch.equal(st["momentum"], m) and torch.equal(st["update"], u) and torch.equal(p.detach(), w)
+        for t, bits in ((st["momentum"], 16), (p.detach(), 24)):
+            codes, s = pow2_quantize(t, bits)
+            assert _is_pow2(s) and torch.equal(codes * s, t) and codes.abs().max() <= 2 ** (bits - 1) - 1
+        # the update is an integer number of 24-bit weight LSBs, far below the 24-bit range
+        codes = st["update"] / s_w
+        assert torch.equal(codes, codes.round()) and codes.abs().max() <= 2**23 - 1 and codes.abs().max() > 0
+
+
+def test_bad_configs_fail_clearly():
+    with pytest.raises(UnsupportedFormatError, match="allowed 2 to 8"):
+        WageubnConfig(bits=12)
+    with pytest.raises(UnsupportedFormatError, match="allowed 2 to 24"):
+        WageubnConfig(w_bits=32)
+    with pytest.raises(ValueError, match="allowed 2 to 24"):
+        WageubnSGD([nn.Parameter(torch.zeros(1))], lr=0.1, m_bits=1)
+    assert isinstance(inttrain.get_config("wageubn"), WageubnConfig)
+
+
+def _opt(cfg):
+    return lambda model, lr: cfg.optimizer(model.parameters(), lr)
+
+
+def test_wageubn_mlp_matches_fp32_on_digits():
+    cfg = WageubnConfig()
+    fp32 = train(mlp, "fp32", False, 8, 0.05)
+    reset_kernel_calls()
+    acc = train(mlp, cfg, False, 8, 0.05, make_optimizer=_opt(cfg))  # measured 97.78 vs fp32 98.33
+    assert sum(int_kernel_calls().values()) > 0
+    print(f"wageubn mlp {acc:.2f}% vs fp32 {fp32:.2f}%")
+    assert acc >= fp32 - 1.5
+
+
+def test_wageubn_cnn_with_quant_bn_matches_fp32_on_digits():
+    cfg = WageubnConfig()
+    fp32 = train(cnn, "fp32", True, 6, 0.05)
+    reset_kernel_calls()
+    acc = train(lambda: cnn(bn=QuantBatchNorm2d), cfg, True, 6, 0.05, make_optimizer=_opt(cfg))  # measured 98.06 vs 98.06
+    assert int_kernel_calls().get("conv_wgrad", 0) > 0
+    print(f"wageubn cnn + 8-bit BN {acc:.2f}% vs fp32 + BN {fp32:.2f}%")
+    assert acc >= fp32 - 1.5
