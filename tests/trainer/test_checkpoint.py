@@ -55,3 +55,33 @@ def test_mismatched_pair_is_rejected(tmp_path: Path) -> None:
     _, s_b = checkpoint_paths(tmp_path / "b", "last")
     with pytest.raises(CheckpointError, match=r"last\.safetensors: weights sha256 .* does not match the last\.state\.pt record"):
         load_checkpoint(w_a, s_b)
+
+
+_KILL_SCRIPT = """
+import os, signal, sys, torch
+from inttrain.trainer import save_checkpoint
+from inttrain.trainer import checkpoint as ckpt
+folder, kill_at = sys.argv[1], int(sys.argv[2])
+save_checkpoint(folder, "last", {"w": torch.full((3,), 1.0)}, {"step": 1})
+calls = [0]
+real = os.replace
+def replace(a, b):
+    calls[0] += 1
+    if calls[0] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)  # the process dies between writing and renaming
+    real(a, b)
+ckpt.os.replace = replace
+save_checkpoint(folder, "last", {"w": torch.full((3,), 2.0)}, {"step": 2})
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGKILL"), reason="needs SIGKILL")
+@pytest.mark.parametrize("kill_at", [1, 2])
+def test_process_killed_during_save_leaves_previous_checkpoint_loadable(tmp_path: Path, kill_at: int) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _KILL_SCRIPT, str(tmp_path), str(kill_at)], capture_output=True, timeout=120)
+    assert r.returncode == -9, r.stderr.decode()
+    w, s = load_checkpoint(*checkpoint_paths(tmp_path, "last"))
+    assert s["step"] == 1 and torch.equal(w["w"], torch.ones(3))
