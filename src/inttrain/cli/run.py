@@ -360,9 +360,19 @@ def _launch(args: list[str], cfg: RunConfig) -> int:
     return launch_local(args, cfg.nproc, cfg.dist_timeout, echo=lambda m: typer.echo(m, err=True), threads_per_rank=per)
 
 
-def start_run(cfg: RunConfig, out: Path | None) -> int:
+def _create_folder(out: Path, cfg: RunConfig) -> Any:
+    """Create the run folder (after every check passed), or UsageProblem naming --out."""
     from inttrain.trainer.run_folder import RunFolder
 
+    folder = RunFolder(out, asdict(cfg), cfg.log_every, echo=typer.echo)
+    try:
+        folder.create()
+    except OSError as e:
+        raise UsageProblem("--out", f"{str(out)!r}: cannot write ({e.strerror or e})") from None
+    return folder
+
+
+def start_run(cfg: RunConfig, out: Path | None) -> int:
     out = out if out is not None else default_out(cfg)
     env = _rank_env()
     if env is not None:
@@ -382,11 +392,7 @@ def start_run(cfg: RunConfig, out: Path | None) -> int:
     if env is None:
         check_out(out)
         p = prepare_run(cfg)
-        folder = RunFolder(out, asdict(cfg), cfg.log_every, echo=typer.echo)
-        try:
-            folder.create()
-        except OSError as e:
-            raise UsageProblem("--out", f"{str(out)!r}: cannot write ({e.strerror or e})") from None
+        folder = _create_folder(out, cfg)
         typer.echo(f"run folder: {out}")
         return run_training(p, folder)
 
@@ -397,11 +403,7 @@ def start_run(cfg: RunConfig, out: Path | None) -> int:
             return prepare_run(cfg, echo=_silent), SilentFolder()
         check_out(out)
         p = prepare_run(cfg)
-        folder = RunFolder(out, asdict(cfg), cfg.log_every, echo=typer.echo)
-        try:
-            folder.create()
-        except OSError as e:
-            raise UsageProblem("--out", f"{str(out)!r}: cannot write ({e.strerror or e})") from None
+        folder = _create_folder(out, cfg)
         typer.echo(f"run folder: {out} ({env[1]} processes, {cfg.comm} gradient all-reduce, "
                    f"global batch {cfg.batch_size} = {env[1]} x {cfg.batch_size // env[1]})")
         return p, folder

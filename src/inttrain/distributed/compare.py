@@ -139,7 +139,7 @@ def main(argv=None):
         if p.is_alive():
             p.kill()
     print(f"{args.nproc} ranks, gloo on 127.0.0.1, MLP with {numel} parameters, {args.steps} SGD steps")
-    print(f"| hook | bytes/step/rank | vs fp32 | final loss | ms/step |\n|---|---:|---:|---:|---:|")
+    print("| hook | bytes/step/rank | vs fp32 | final loss | ms/step |\n|---|---:|---:|---:|---:|")
     fp32 = rows[0][1]
     for name, b, loss, ms in rows:
         print(f"| {name} | {b:,.0f} | {fp32 / b:.2f}x | {loss:.4f} | {ms:.2f} |")

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import micro
-from ..micro.model import check_batch_layers, validate_description  # noqa: F401
+from ..micro.model import check_batch_layers
 from .layers import (BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU, Residual,
                      layer_named_params)
 from .loss import display_loss, softmax_cross_entropy_grad

@@ -6,8 +6,6 @@ t in Q8 fixed point with LOG2E_Q8 = round(256 * log2(e)) = 369.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .ops import IntTensor, shift_left_saturate, shift_round
