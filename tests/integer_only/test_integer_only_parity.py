@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from parity_utils import int_equal as _eq
 
 from inttrain import integer_only as T
 from inttrain import micro as M
@@ -28,24 +29,6 @@ CNN2 = {"input_shape": [1, 8, 8], "seed": 3, "layers": [
     {"type": "conv2d", "in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "padding": 2},
     {"type": "relu"}, {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"},
     {"type": "linear", "in_features": 24, "out_features": 10}]}
-
-
-@pytest.fixture(scope="module")
-def digits():
-    """scikit-learn digits as int8 codes: pixel 0..16 -> min(8 * pixel, 127) at exponent -7."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = np.minimum(d.data * 8, 127).astype(np.int8)
-    perm = np.random.default_rng(0).permutation(len(x))
-    tr, te = perm[:1437], perm[1437:]
-    return x[tr], x[te], d.target[tr].astype(np.int64), d.target[te].astype(np.int64)
-
-
-def _eq(t: torch.Tensor, a: np.ndarray) -> bool:
-    """Same shape and the same integer values (dtype-independent: micro keeps accumulators in int64)."""
-    assert not t.dtype.is_floating_point
-    return tuple(t.shape) == a.shape and torch.equal(t.to(torch.int64).cpu(), torch.from_numpy(a.astype(np.int64)))
 
 
 def _micro_acc(layer) -> np.ndarray:

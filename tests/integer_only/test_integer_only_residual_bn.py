@@ -4,6 +4,7 @@ save/load in micro's file format."""
 import numpy as np
 import pytest
 import torch
+from parity_utils import int_equal as _eq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,22 +32,6 @@ MLP_BN = {"input_shape": [64], "layers": [
     {"type": "residual", "layers": [{"type": "linear", "in_features": 64, "out_features": 64}, BN(64)]}, R,
     {"type": "linear", "in_features": 64, "out_features": 32}, BN(32), R,
     {"type": "linear", "in_features": 32, "out_features": 10}]}
-
-
-@pytest.fixture(scope="module")
-def digits():
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = np.minimum(d.data * 8, 127).astype(np.int8)
-    perm = np.random.default_rng(0).permutation(len(x))
-    tr, te = perm[:1437], perm[1437:]
-    return x[tr], x[te], d.target[tr].astype(np.int64), d.target[te].astype(np.int64)
-
-
-def _eq(t: torch.Tensor, a: np.ndarray) -> bool:
-    assert not t.dtype.is_floating_point
-    return tuple(t.shape) == a.shape and torch.equal(t.to(torch.int64).cpu(), torch.from_numpy(np.asarray(a, dtype=np.int64)))
 
 
 def _flat(layers):
