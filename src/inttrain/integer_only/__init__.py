@@ -13,14 +13,14 @@ weights, so both engines train identically from the same data order.
 
 from __future__ import annotations
 
-from .layers import BatchNorm, Conv2d, Flatten, Linear, MaxPool2d, Param, ReLU, Residual, add_aligned
+from .layers import AvgPool2d, BatchNorm, Conv2d, Flatten, Linear, MaxPool2d, Param, ReLU, Residual, add_aligned
 from .loss import EXP2_LUT, softmax_cross_entropy_grad, softmax_q7
 from .model import Sequential, StepResult, evaluate, predict, train_epoch, train_step
 from .ops import IntTensor, requantize, saturate, shift, shift_round
 from .optim import SGD
 
 __all__ = [
-    "BatchNorm", "Residual", "add_aligned", "Conv2d", "Flatten", "Linear", "MaxPool2d", "Param", "ReLU", "EXP2_LUT", "softmax_cross_entropy_grad",
+    "AvgPool2d", "BatchNorm", "Residual", "add_aligned", "Conv2d", "Flatten", "Linear", "MaxPool2d", "Param", "ReLU", "EXP2_LUT", "softmax_cross_entropy_grad",
     "softmax_q7", "Sequential", "StepResult", "evaluate", "predict", "train_epoch", "train_step", "IntTensor",
     "requantize", "saturate", "shift", "shift_round", "SGD",
 ]

@@ -177,6 +177,59 @@ class MaxPool2d(Layer):
         return IntTensor(gx, g.exp)
 
 
+def pool_shift(n: int) -> int:
+    """t = ceil(log2 n) (docs §4.4)."""
+    return (int(n) - 1).bit_length()
+
+
+def _rdiv(a: torch.Tensor, m: int) -> torch.Tensor:
+    return torch.div(a + m // 2, m, rounding_mode="floor")
+
+
+class AvgPool2d(Layer):
+    """k x k average pool, stride k (trailing rows/cols dropped), or ``global_pool`` (output (N, C, 1, 1)).
+
+    Twin of :class:`inttrain.micro.layers.AvgPool2d` (docs §4.4): A = rdiv(S * 2**t, n) at ex - t with
+    t = ceil(log2 n) (A = S for n = 2**t), y = R_f(A); backward B = rdiv(G * 2**t, n) (B = G for
+    n = 2**t) at eg - t, R_b, broadcast over the window.
+    """
+
+    def __init__(self, kernel_size: int = 2, global_pool: bool = False, fwd_round: str = "rne",
+                 bwd_round: str = "pstoch"):
+        self.kernel_size, self.global_pool = kernel_size, global_pool
+        self.fwd_round, self.bwd_round = fwd_round, bwd_round
+        self.last_acc: torch.Tensor | None = None
+
+    def _window(self, h: int, w: int) -> tuple[int, int]:
+        return (h, w) if self.global_pool else (self.kernel_size, self.kernel_size)
+
+    def forward(self, x: IntTensor) -> IntTensor:
+        n, c, h, w = x.q.shape
+        kh, kw = self._window(h, w)
+        oh, ow = h // kh, w // kw
+        cnt = kh * kw
+        t = pool_shift(cnt)
+        s = x.q[:, :, :oh * kh, :ow * kw].reshape(n, c, oh, kh, ow, kw).to(torch.int64).sum(dim=(3, 5))
+        acc = s if cnt == 1 << t else _rdiv(s << t, cnt)
+        self.in_shape, self.last_acc = tuple(x.q.shape), acc
+        return requantize(acc, x.exp - t, self.fwd_round)
+
+    def backward(self, g: IntTensor) -> IntTensor:
+        n, c, h, w = self.in_shape
+        kh, kw = self._window(h, w)
+        oh, ow = h // kh, w // kw
+        cnt = kh * kw
+        t = pool_shift(cnt)
+        if cnt == 1 << t:
+            b = IntTensor(g.q, g.exp - t)
+        else:
+            b = requantize(_rdiv(g.q.to(torch.int64) << t, cnt), g.exp - t, self.bwd_round)
+        gx = torch.zeros(self.in_shape, dtype=torch.int8, device=g.q.device)
+        win = b.q.to(torch.int8).reshape(n, c, oh, 1, ow, 1).expand(n, c, oh, kh, ow, kw)
+        gx[:, :, :oh * kh, :ow * kw] = win.reshape(n, c, oh * kh, ow * kw)
+        return IntTensor(gx, b.exp)
+
+
 class Flatten(Layer):
     """(N, ...) -> (N, prod(...)); backward reshapes back."""
 

@@ -14,7 +14,7 @@ import torch
 
 from .. import micro
 from ..micro.model import check_batch_layers
-from .layers import (BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU, Residual,
+from .layers import (AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU, Residual,
                      layer_named_params)
 from .loss import display_loss, softmax_cross_entropy_grad
 from .ops import IntTensor
@@ -91,6 +91,10 @@ def _layers_from_micro(specs: list[dict], mlayers: list, r: dict, device) -> lis
                                  r["forward"], r["backward"]))
         elif t == "maxpool2d":
             layers.append(MaxPool2d(spec["kernel_size"]))
+        elif t == "avgpool2d":
+            layers.append(AvgPool2d(spec["kernel_size"], False, r["forward"], r["backward"]))
+        elif t == "globalavgpool2d":
+            layers.append(AvgPool2d(0, True, r["forward"], r["backward"]))
         elif t == "relu":
             layers.append(ReLU())
         elif t == "flatten":

@@ -14,14 +14,14 @@ from __future__ import annotations
 from .errors import MicroFormatError
 from .ops import IntTensor, requantize, saturate, shift_round
 from .gemm import int_matmul, int_matmul_reference
-from .layers import BatchNorm, Conv2d, Flatten, Linear, MaxPool2d, ReLU, Residual, add_aligned
+from .layers import AvgPool2d, BatchNorm, Conv2d, Flatten, Linear, MaxPool2d, ReLU, Residual, add_aligned
 from .loss import softmax_cross_entropy_grad
 from .optim import SGD
 from .model import Sequential, evaluate, load_data, load_model, save_model, train_epoch
 
 __all__ = [
     "MicroFormatError", "IntTensor", "requantize", "saturate", "shift_round", "int_matmul",
-    "int_matmul_reference", "BatchNorm", "Residual", "add_aligned", "Conv2d", "Flatten", "Linear", "MaxPool2d", "ReLU",
+    "int_matmul_reference", "AvgPool2d", "BatchNorm", "Residual", "add_aligned", "Conv2d", "Flatten", "Linear", "MaxPool2d", "ReLU",
     "softmax_cross_entropy_grad", "SGD", "Sequential", "evaluate", "load_data", "load_model",
     "save_model", "train_epoch",
 ]

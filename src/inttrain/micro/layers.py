@@ -258,6 +258,71 @@ class MaxPool2d(Layer):
         return {"type": "maxpool2d", "kernel_size": self.kernel_size}
 
 
+def pool_shift(n: int) -> int:
+    """t = ceil(log2 n): the power of two 2**t >= n the average pools scale by (docs §4.4)."""
+    return (int(n) - 1).bit_length()
+
+
+MAX_POOL_WINDOW = 4096     # n * 2**t * 127 < 2**31 for every window of n <= 4096 values (§4.4, §8)
+
+
+class AvgPool2d(Layer):
+    """k x k average pool, stride k (non-overlapping; trailing rows/cols dropped), or ``global_pool``:
+    one window over the whole map, output (N, C, 1, 1). Docs §4.4.
+
+    n = window size, t = ceil(log2 n). Forward: S = window sum (exact), A = rdiv(S * 2**t, n) at
+    exponent ex - t (A = S exactly when n = 2**t: the division is then only the exponent and the
+    rounding is that of the requantization), y = R_f(A). Backward: B = rdiv(G * 2**t, n) at eg - t
+    (B = G for n = 2**t), gx = R_b(B) broadcast to every position of its window, 0 on dropped rows/cols.
+    """
+
+    def __init__(self, kernel_size: int = 2, global_pool: bool = False, fwd_round: str = "rne",
+                 bwd_round: str = "pstoch"):
+        self.kernel_size, self.global_pool = kernel_size, global_pool
+        self.fwd_round, self.bwd_round = fwd_round, bwd_round
+        self.last_acc: np.ndarray | None = None
+
+    def _window(self, h: int, w: int) -> tuple[int, int]:
+        return (h, w) if self.global_pool else (self.kernel_size, self.kernel_size)
+
+    def forward(self, x: IntTensor) -> IntTensor:
+        n, c, h, w = x.q.shape
+        kh, kw = self._window(h, w)
+        oh, ow = h // kh, w // kw
+        cnt = kh * kw
+        t = pool_shift(cnt)
+        s = x.q[:, :, :oh * kh, :ow * kw].reshape(n, c, oh, kh, ow, kw).sum(axis=(3, 5), dtype=np.int64)
+        acc = s if cnt == 1 << t else rdiv(s << t, cnt)
+        self.in_shape, self.last_acc = x.q.shape, acc
+        return requantize(acc, x.exp - t, self.fwd_round)
+
+    def backward(self, g: IntTensor) -> IntTensor:
+        n, c, h, w = self.in_shape
+        kh, kw = self._window(h, w)
+        oh, ow = h // kh, w // kw
+        cnt = kh * kw
+        t = pool_shift(cnt)
+        if cnt == 1 << t:
+            b = IntTensor(g.q, g.exp - t)                      # exact: the same codes, exponent - t
+        else:
+            b = requantize(rdiv(g.q.astype(np.int64) << t, cnt), g.exp - t, self.bwd_round)
+        gx = np.zeros(self.in_shape, dtype=np.int8)
+        win = np.broadcast_to(b.q.reshape(n, c, oh, 1, ow, 1), (n, c, oh, kh, ow, kw))
+        gx[:, :, :oh * kh, :ow * kw] = win.reshape(n, c, oh * kh, ow * kw)
+        return IntTensor(gx, b.exp)
+
+    def out_shape(self, in_shape):
+        c, h, w = in_shape
+        if self.global_pool:
+            return (c, 1, 1)
+        return (c, h // self.kernel_size, w // self.kernel_size)
+
+    def describe(self):
+        if self.global_pool:
+            return {"type": "globalavgpool2d"}
+        return {"type": "avgpool2d", "kernel_size": self.kernel_size}
+
+
 class Flatten(Layer):
     """(N, ...) -> (N, prod(...)); backward reshapes back."""
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from .errors import MicroFormatError
 from .io import read_json, read_npz, read_safetensors, write_safetensors
-from .layers import (BN_MAX_COUNT, MAX_K, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Residual,
+from .layers import (BN_MAX_COUNT, MAX_K, MAX_POOL_WINDOW, AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Residual,
                      layer_named_params)
 from .loss import display_loss, softmax_cross_entropy_grad
 from .ops import ROUNDING_MODES, IntTensor, qmax
@@ -66,6 +66,17 @@ def _validate_layers(layers: list, cur: tuple, where: str, depth: int) -> tuple[
                 raise MicroFormatError(f"{w}: maxpool2d expects (C, H, W) with H, W >= {k}, gets {cur}")
             s = {"type": kind, "kernel_size": k}
             cur = (cur[0], cur[1] // k, cur[2] // k)
+        elif kind == "avgpool2d":
+            k = _int(spec, "kernel_size", 1, 15, w, 2)
+            if len(cur) != 3 or cur[1] < k or cur[2] < k:
+                raise MicroFormatError(f"{w}: avgpool2d expects (C, H, W) with H, W >= {k}, gets {cur}")
+            s = {"type": kind, "kernel_size": k}
+            cur = (cur[0], cur[1] // k, cur[2] // k)
+        elif kind == "globalavgpool2d":
+            if len(cur) != 3 or cur[1] * cur[2] > MAX_POOL_WINDOW:
+                raise MicroFormatError(f"{w}: globalavgpool2d expects (C, H, W) with H * W <= {MAX_POOL_WINDOW}, gets {cur}")
+            s = {"type": kind}
+            cur = (cur[0], 1, 1)
         elif kind == "relu":
             s = {"type": kind}
         elif kind == "flatten":
@@ -143,6 +154,10 @@ def build_layers(specs: list[dict], bits: int, r: dict, rng: np.random.Generator
                                  bits, rng, r["forward"], r["backward"]))
         elif t == "maxpool2d":
             layers.append(MaxPool2d(s["kernel_size"]))
+        elif t == "avgpool2d":
+            layers.append(AvgPool2d(s["kernel_size"], False, r["forward"], r["backward"]))
+        elif t == "globalavgpool2d":
+            layers.append(AvgPool2d(0, True, r["forward"], r["backward"]))
         elif t == "relu":
             layers.append(ReLU())
         elif t == "batchnorm":
@@ -166,9 +181,11 @@ def check_batch_layers(specs: list[dict], shape: tuple, batch_size: int) -> tupl
             kk, st, p = s["kernel_size"], s["stride"], s["padding"]
             shape = (s["out_channels"], (shape[1] + 2 * p - kk) // st + 1, (shape[2] + 2 * p - kk) // st + 1)
             k = batch_size * shape[1] * shape[2]
-        elif t == "maxpool2d":
+        elif t in ("maxpool2d", "avgpool2d"):
             kk = s["kernel_size"]
             shape = (shape[0], shape[1] // kk, shape[2] // kk)
+        elif t == "globalavgpool2d":
+            shape = (shape[0], 1, 1)
         elif t == "flatten":
             shape = (int(np.prod(shape)),)
         elif t == "batchnorm":

@@ -133,13 +133,27 @@ def describe(model: nn.Sequential, config: IntegerOnlyConfig, input_shape) -> tu
                 raise ValueError(f"{where}: only non-overlapping pools (stride = kernel, no padding, floor) are supported")
             layers.append({"type": "maxpool2d", "kernel_size": k})
             tensors.append({})
+        elif isinstance(mod, nn.AvgPool2d):
+            k = _pair(mod.kernel_size, "kernel_size")
+            s = k if mod.stride is None else _pair(mod.stride, "stride")
+            if s != k or _pair(mod.padding, "padding") != 0 or mod.ceil_mode or mod.divisor_override is not None:
+                raise ValueError(f"{where}: only non-overlapping pools (stride = kernel, no padding, floor) are supported")
+            layers.append({"type": "avgpool2d", "kernel_size": k})
+            tensors.append({})
+        elif isinstance(mod, nn.AdaptiveAvgPool2d):
+            size = mod.output_size if isinstance(mod.output_size, tuple) else (mod.output_size,)
+            if any(v != 1 for v in size):
+                raise ValueError(f"{where}: only AdaptiveAvgPool2d(1) (global average pooling) is supported")
+            layers.append({"type": "globalavgpool2d"})
+            tensors.append({})
         elif isinstance(mod, nn.Flatten):
             if mod.start_dim != 1 or mod.end_dim != -1:
                 raise ValueError(f"{where}: only Flatten(start_dim=1, end_dim=-1) is supported")
             layers.append({"type": "flatten"})
             tensors.append({})
         else:
-            raise ValueError(f"{where}: unsupported module; allowed: Linear, Conv2d, ReLU, MaxPool2d, Flatten")
+            raise ValueError(f"{where}: unsupported module; allowed: Linear, Conv2d, ReLU, MaxPool2d, AvgPool2d, "
+                             "AdaptiveAvgPool2d(1), Flatten")
     if input_shape is None:
         first = layers[0] if layers else {}
         if first.get("type") != "linear":
@@ -156,7 +170,7 @@ def convert(model: nn.Sequential, config: IntegerOnlyConfig | None = None, input
     weights converted to integer codes (:func:`float_to_codes`, one exponent per tensor).
 
     ``model``: a ``torch.nn.Sequential`` of Linear / Conv2d (square kernel, stride, padding; no groups,
-    no dilation) / ReLU / MaxPool2d (non-overlapping) / Flatten; ``input_shape``: ``[C, H, W]`` or
+    no dilation) / ReLU / MaxPool2d, AvgPool2d (non-overlapping) / AdaptiveAvgPool2d(1) / Flatten; ``input_shape``: ``[C, H, W]`` or
     ``[features]`` of one sample (optional when the first layer is Linear). The float model is not
     modified and not used afterwards.
     """
