@@ -114,6 +114,13 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
             raise MicroFormatError(f"{where}: tensors {n0!r} and {n1!r} overlap")
+    end = 0
+    for b, e, name in spans:                             # the data must be indexed entirely, without holes
+        if b != end:
+            raise MicroFormatError(f"{where}: bytes {end}..{b} of the data belong to no tensor (before {name!r})")
+        end = e
+    if end != data_len:
+        raise MicroFormatError(f"{where}: the last {data_len - end} bytes of the data belong to no tensor")
     return out, meta
 
 

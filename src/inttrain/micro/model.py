@@ -312,28 +312,36 @@ def load_model(model_dir: str | os.PathLike) -> Sequential:
     doc = read_json(d / "model.json")
     params_doc = doc.pop("params", None)
     doc.pop("info", None)
+    validate_description(doc, str(d / "model.json"))            # errors name the file
     model = Sequential.from_description(doc)
-    where = str(d / "weights.safetensors")
     tensors, _ = read_safetensors(d / "weights.safetensors")
+    return set_params(model, params_doc, tensors, str(d / "model.json"), str(d / "weights.safetensors"))
+
+
+def set_params(model: Sequential, params_doc, tensors: dict, json_where: str, tensors_where: str) -> Sequential:
+    """Put validated master codes into ``model``: ``params_doc`` ``{name: {"bits", "exp", "shape"}}`` and
+    ``tensors`` ``{name: codes}`` must name exactly the model's parameters, with its bit width, an integer
+    exponent in [-MAX_EXP, MAX_EXP], its dtype and shape and codes in the symmetric range (one MicroFormatError)."""
     named = dict(model.named_params())
     if not isinstance(params_doc, dict) or set(params_doc) != set(named):
-        raise MicroFormatError(f"{d / 'model.json'}: params must describe exactly {sorted(named)}")
+        raise MicroFormatError(f"{json_where}: params must describe exactly {sorted(named)}")
     if set(tensors) != set(named):
-        raise MicroFormatError(f"{where}: tensors {sorted(tensors)} do not match the model's {sorted(named)}")
+        raise MicroFormatError(f"{tensors_where}: tensors {sorted(tensors)} do not match the model's {sorted(named)}")
     for name, p in named.items():
         info = params_doc[name]
         if not isinstance(info, dict):
-            raise MicroFormatError(f"{d / 'model.json'}: params[{name!r}] must be an object")
+            raise MicroFormatError(f"{json_where}: params[{name!r}] must be an object")
         bits = info.get("bits")
         if bits != p.bits or isinstance(bits, bool):
-            raise MicroFormatError(f"{d / 'model.json'}: {name}: bits {bits!r} != weight_bits {p.bits}")
-        exp = _int(info, "exp", -MAX_EXP, MAX_EXP, f"{d / 'model.json'}: {name}")
+            raise MicroFormatError(f"{json_where}: {name}: bits {bits!r} != weight_bits {p.bits}")
+        exp = _int(info, "exp", -MAX_EXP, MAX_EXP, f"{json_where}: {name}")
         t = tensors[name]
         want = np.int16 if p.bits == 16 else np.int8
-        if t.dtype != want or t.shape != p.acc.shape:
-            raise MicroFormatError(f"{where}: {name}: {t.dtype} {t.shape}, expected {np.dtype(want)} {p.acc.shape}")
+        if not isinstance(t, np.ndarray) or t.dtype != want or t.shape != p.acc.shape:
+            raise MicroFormatError(f"{tensors_where}: {name}: {getattr(t, 'dtype', type(t).__name__)} "
+                                   f"{getattr(t, 'shape', '')}, expected {np.dtype(want)} {p.acc.shape}")
         m = qmax(p.bits)
         if t.size and (int(t.min()) < -m or int(t.max()) > m):
-            raise MicroFormatError(f"{where}: {name}: codes outside [-{m}, {m}]")
+            raise MicroFormatError(f"{tensors_where}: {name}: codes outside [-{m}, {m}]")
         p.acc, p.exp = t.copy(), exp
     return model
