@@ -55,7 +55,7 @@ def test_columns_without_schedule_and_bad_schedule(tmp_path: Path, capsys: pytes
     assert (rows[0]["forward_bits"], rows[0]["grad_bits"]) == ("8", "8") and float(rows[1]["gbitops"]) > float(rows[0]["gbitops"]) > 0
     capsys.readouterr()
     assert main([*BASE, "--schedule", "cyclic", "--out", str(tmp_path / "x")]) == 2
-    assert "--schedule: 'cyclic' is not one of: none, constant, steps, cpt, pfq" in capsys.readouterr().err
+    assert "--schedule: 'cyclic' is not one of: none, constant, steps, cpt, pfq, dfq, fractrain" in capsys.readouterr().err
     assert main(["train", "--dataset", "digits", "--schedule", "cpt", "--out", str(tmp_path / "y")]) == 2
     assert "recipe 'fp32' has no bit width" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

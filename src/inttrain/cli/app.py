@@ -89,7 +89,7 @@ def train_cmd(
     log_every: Annotated[Optional[int], typer.Option(help="Steps between metrics rows. [default: 10]")] = None,
     seq_len: Annotated[Optional[int], typer.Option(help="Text dataset: characters of context per sequence. [default: 64]")] = None,
     augment: Annotated[Optional[str], typer.Option(help="Image augmentation: none or crop-flip (pad 4, random crop, flip). [default: none]")] = None,
-    schedule: Annotated[Optional[str], typer.Option(help="Precision schedule: none, constant, steps, cpt or pfq (options via --set schedule_min_bits=3 schedule_max_bits=8 schedule_cycles=32 schedule_grad_bits=8 schedule_steps=0:4/8,100:6 ...). Fewer bits are not faster on CPU; see the gbitops column. [default: none]")] = None,
+    schedule: Annotated[Optional[str], typer.Option(help="Precision schedule: none, constant, steps, cpt, pfq, dfq (FracTrain learned per-layer gates) or fractrain (PFQ + DFQ) (options via --set schedule_min_bits=3 schedule_max_bits=8 schedule_cycles=32 schedule_grad_bits=8 schedule_steps=0:4/8,100:6 schedule_dfq_bits=4,6,8 schedule_target_cost=0.5 schedule_cost_weight=5 ...). Fewer bits are not faster on CPU; see the gbitops column. [default: none]")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Run folder [default: runs/<model>-<recipe>-<timestamp>].")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of run settings (flags override it).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="key=value override of a config key (repeatable).")] = None,

@@ -44,7 +44,7 @@ class RunConfig:
     d_model: int | None = None
     n_layers: int | None = None
     n_heads: int | None = None
-    # Precision schedule (issue 5; integer recipes): none, constant, steps, cpt or pfq (see inttrain.schedules).
+    # Precision schedule (issue 5; integer recipes): none, constant, steps, cpt, pfq, dfq or fractrain (see inttrain.schedules).
     schedule: str = "none"
     schedule_min_bits: int = 3  # cpt: b_min; constant: forward bits
     schedule_max_bits: int = 8  # cpt: b_max
@@ -53,6 +53,10 @@ class RunConfig:
     schedule_steps: str | None = None  # steps: "0:4/8,100:6,200:8" = step:forward[/grad] milestones
     schedule_window: int = 50  # pfq: steps per loss window
     schedule_threshold: float = 0.05  # pfq: initial loss-change threshold (halved at every stage)
+    # dfq / fractrain (FracTrain's learned per-layer gates; inttrain.recipes.fractrain_dfq):
+    schedule_dfq_bits: str = "4,6,8"  # the gate's bit options
+    schedule_target_cost: float = 0.5  # target forward BitOPs relative to static 8-bit
+    schedule_cost_weight: float = 5.0  # weight of the squared cost regulariser
     # Data parallel (issue 8): processes (ranks), their gradient communication and collective timeout.
     # batch_size stays the global batch: each of the nproc ranks trains on batch_size / nproc rows.
     nproc: int = 1

@@ -144,15 +144,13 @@ def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
         apply_recipe(model, recipe_config if recipe_config is not None else cfg.recipe)
     except ValueError as e:
         raise UsageProblem("--recipe" if cfg.bits is None else "--bits", f"{cfg.recipe!r}: {e}") from e
-    from inttrain.schedules import PrecisionScheduler
-
-    from .schedule import build_schedule
+    from .schedule import build_schedule, make_scheduler
 
     schedule = build_schedule(cfg, len(splits.train))
     scheduler = None
     if schedule is not None:
         try:
-            scheduler = PrecisionScheduler(model, schedule)
+            scheduler = make_scheduler(model, schedule)
         except ValueError as e:  # e.g. QConv2d takes at most 8 bits
             raise UsageProblem("--schedule", f"{cfg.schedule}: {e}") from None
     return Prepared(cfg, splits, model, recipe_config, scheduler)

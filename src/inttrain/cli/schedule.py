@@ -12,7 +12,7 @@ from typing import Any
 from .config import RunConfig
 from .errors import UsageProblem, check_choice
 
-__all__ = ["build_schedule", "parse_steps", "total_steps"]
+__all__ = ["build_schedule", "make_scheduler", "parse_bits", "parse_steps", "total_steps"]
 
 
 def parse_steps(text: str) -> list[tuple[int, tuple[int, int]]]:
@@ -31,12 +31,21 @@ def parse_steps(text: str) -> list[tuple[int, tuple[int, int]]]:
     return out
 
 
+def parse_bits(text: str) -> tuple[int, ...]:
+    """``"4,6,8"`` -> ``(4, 6, 8)`` (the DFQ gate's options)."""
+    try:
+        return tuple(int(b) for b in text.split(","))
+    except ValueError:
+        raise UsageProblem("--set schedule_dfq_bits", f"{text!r}: expected comma-separated bit widths, e.g. 4,6,8") from None
+
+
 def total_steps(cfg: RunConfig, n_train: int) -> int:
     return max(1, n_train // cfg.batch_size) * cfg.epochs
 
 
 def build_schedule(cfg: RunConfig, n_train: int) -> Any:
-    """The :class:`~inttrain.schedules.Schedule` of ``cfg`` (None for ``schedule=none``); UsageProblem if invalid."""
+    """The :class:`~inttrain.schedules.Schedule` of ``cfg`` (None for ``schedule=none``; dfq: a ``DFQConfig``,
+    fractrain: ``(DFQConfig, PFQ)``, turned into a scheduler by :func:`make_scheduler`); UsageProblem if invalid."""
     from inttrain import schedules as S
     from inttrain.trainer import FLOAT_RECIPES
 
@@ -55,8 +64,29 @@ def build_schedule(cfg: RunConfig, n_train: int) -> Any:
         if cfg.schedule == "cpt":
             return S.CPT(cfg.schedule_min_bits, cfg.schedule_max_bits, cfg.schedule_cycles,
                          total_steps(cfg, n_train), grad_bits=cfg.schedule_grad_bits)
+        if cfg.schedule in ("dfq", "fractrain"):
+            from inttrain.recipes.fractrain_dfq import DFQConfig
+
+            dfq = DFQConfig(parse_bits(cfg.schedule_dfq_bits), cfg.schedule_target_cost, cfg.schedule_cost_weight,
+                            grad_bits=cfg.schedule_grad_bits, seed=cfg.seed)
+            if cfg.schedule == "dfq":
+                return dfq
+            return dfq, S.PFQ(threshold=cfg.schedule_threshold, window=cfg.schedule_window)
         return S.PFQ(threshold=cfg.schedule_threshold, window=cfg.schedule_window)
     except ValueError as e:
         if isinstance(e, UsageProblem):
             raise
         raise UsageProblem("--schedule", f"{cfg.schedule}: {e}") from None
+
+
+def make_scheduler(model: Any, schedule: Any) -> Any:
+    """The scheduler the trainer steps: a PrecisionScheduler, or for dfq / fractrain the gates'
+    :class:`~inttrain.recipes.fractrain_dfq.DFQController` (gates added to ``model``; ValueError if unsupported)."""
+    from inttrain.recipes.fractrain_dfq import DFQConfig, attach_dfq
+    from inttrain.schedules import PrecisionScheduler
+
+    if isinstance(schedule, DFQConfig):
+        return attach_dfq(model, schedule)
+    if isinstance(schedule, tuple):  # fractrain: (DFQConfig, PFQ cap)
+        return attach_dfq(model, schedule[0], cap=schedule[1])
+    return PrecisionScheduler(model, schedule)

@@ -10,7 +10,9 @@ from .range_test import RangeTestResult, precision_range_test
 from .scheduler import PrecisionScheduler, model_bits, prepared_layers, set_model_bits, with_bits
 from .schedules import CPT, PFQ, Constant, Schedule, Steps, cpt_bits
 
-SCHEDULE_NAMES: tuple[str, ...] = ("none", "constant", "steps", "cpt", "pfq")
+#: "dfq" and "fractrain" (FracTrain's learned gates, alone and under PFQ) need torch: they live in
+#: :mod:`inttrain.recipes.fractrain_dfq`.
+SCHEDULE_NAMES: tuple[str, ...] = ("none", "constant", "steps", "cpt", "pfq", "dfq", "fractrain")
 
 __all__ = [
     "CPT", "PFQ", "Constant", "Schedule", "Steps", "cpt_bits", "PrecisionScheduler", "model_bits", "prepared_layers",

@@ -1,0 +1,307 @@
+"""FracTrain's Dynamic Fractional Quantization (DFQ) on the integer layers, and the combined FracTrain policy.
+
+Fu et al., "FracTrain: Fractionally Squeezing Bit Savings Both Temporally and Spatially for Efficient DNN
+Training", NeurIPS 2020, Sec. 3.2-3.3.  DFQ attaches a tiny gate to each layer (the SkipNet / "fractional
+skipping" gates of the same authors): the gate reads the layer input and picks one of a few precisions;
+the gates are trained jointly with the model under a computational-cost regulariser that pushes the
+expected cost towards a target.  FracTrain combines it with PFQ (:class:`inttrain.schedules.PFQ`): PFQ's
+temporal schedule raises the precision during training, DFQ decides below it.
+
+What runs here (our design; the paper gives the idea, not these formulas):
+
+- **gate**: per gated ``QLinear`` / ``QConv2d`` a float ``nn.Linear(C_in, K)`` on the input averaged over
+  the batch (and the spatial positions of a conv input), detached from the backbone: ``K`` logits, one per
+  bit option ``b_1 < ... < b_K`` (default 4, 6, 8).  Zero-initialised weights, biases favouring the
+  highest option by ``init_logit`` (training starts near static 8-bit).
+- **choice**: training draws a hard one-hot choice with the straight-through Gumbel-softmax
+  (``soft = softmax((logits + g) / tau)``, ``g`` Gumbel noise from a counter-based seed, a pure function of
+  (seed, step, layer)); evaluation takes ``argmax(logits)``.  The chosen ``b_k`` becomes the forward-GEMM
+  bits of the layer's :class:`~inttrain.spec.LayerPrecision` (both operands, via
+  :func:`inttrain.schedules.with_bits`), so the real int8 kernels run the layer at that width; gradient bits
+  are ``grad_bits`` (or PFQ's backward bits in the combined policy).  The layer output is multiplied by
+  ``1 + soft_k - stopgrad(soft_k)`` (exactly 1.0 in value), which passes the task-loss gradient
+  ``<dL/dy, y>`` to the gate.
+- **cost regulariser**: with ``MAC_l`` the layer's forward MACs and ``p_l = softmax(logits_l)`` (the
+  probabilities of the sampled choice), the expected forward BitOPs relative to static 8-bit is
+  ``E = sum_l MAC_l sum_k p_lk b_k^2 / (64 sum_l MAC_l)``; the objective gets ``cost_weight * (E - target_cost)^2``.
+  The term is added to the autograd graph at the model output (a function that returns the output
+  unchanged and sends gradient 1 to the term), so any training loop that calls ``loss.backward()`` trains
+  the gates with it, and the logged loss stays the task loss.
+
+**Per batch, not per input.**  FracTrain decides per input sample.  Here one decision per layer is made per
+batch, from features pooled over the batch: a layer runs as one int8 GEMM / convolution call with one
+quantization spec for the whole batch, and a per-sample precision would need the batch split into one call
+per option.  The gate is therefore input-adaptive at batch granularity only (with batches drawn from one
+distribution the pooled features vary little, so it mostly learns a per-layer precision).
+
+**Combined FracTrain policy**: pass a schedule (e.g. :class:`~inttrain.schedules.PFQ`) as ``cap``: its
+forward bits at the current step cap every option (``min(b_k, cap)``), its gradient bits are used for the
+backward GEMMs, and it is stepped with the loss like a :class:`~inttrain.schedules.PrecisionScheduler`.
+
+Cost: the gate is a float Linear on a pooled vector (``C_in x K`` MACs per layer per batch), not counted in
+BitOPs.  As everywhere on this CPU, fewer bits than 8 do not run faster (they use the int8 kernels); the
+saving is the BitOPs measured by :class:`inttrain.cost.BitOpsCounter`.
+
+>>> import torch, inttrain
+>>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+>>> _ = inttrain.prepare_(m, "int8")
+>>> dfq = attach_dfq(m, DFQConfig(bits=(4, 6, 8), target_cost=0.5))
+>>> m(torch.randn(8, 16)).sum().backward()   # gates choose bits, regulariser in the graph
+>>> dfq.step(1.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from inttrain.numerics.hashing import mix_seed
+from inttrain.schedules import Schedule, prepared_layers, with_bits
+
+__all__ = ["DFQConfig", "BitGate", "DFQController", "attach_dfq", "forward_cost_ratio"]
+
+
+def _bits_ok(b: Any) -> bool:
+    return isinstance(b, int) and not isinstance(b, bool) and 2 <= b <= 8
+
+
+@dataclass(frozen=True)
+class DFQConfig:
+    """Options of DFQ (see the module docstring).
+
+    ``bits``: the gate's bit options (2..8, distinct; sorted ascending).  ``target_cost``: target expected
+    forward BitOPs relative to static 8-bit, in ``[min(bits)^2 / 64, 1]``.  ``cost_weight``: weight of the
+    squared cost regulariser (0: gates learn from the task loss only).  ``tau``: Gumbel-softmax temperature.
+    ``grad_bits``: bits of the output-gradient operand of the backward GEMMs (without a ``cap`` schedule).
+    ``init_logit``: initial bias of the highest option over the others.  ``seed``: of the Gumbel noise.
+    """
+
+    bits: Sequence[int] = (4, 6, 8)
+    target_cost: float = 0.5
+    cost_weight: float = 5.0
+    tau: float = 1.0
+    grad_bits: int = 8
+    init_logit: float = 2.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        bits = tuple(self.bits)
+        if len(bits) < 2 or not all(_bits_ok(b) for b in bits) or len(set(bits)) != len(bits):
+            raise ValueError(f"DFQ bits must be at least two distinct ints in [2, 8], got {self.bits!r}")
+        object.__setattr__(self, "bits", tuple(sorted(bits)))
+        low = min(bits) ** 2 / 64
+        if not (isinstance(self.target_cost, (int, float)) and low <= self.target_cost <= 1):
+            raise ValueError(f"DFQ target_cost must be in [{low:.4f}, 1] for bits {self.bits} "
+                             f"(min(bits)^2/64 .. static 8-bit), got {self.target_cost!r}")
+        if not (math.isfinite(self.cost_weight) and self.cost_weight >= 0):
+            raise ValueError(f"DFQ cost_weight must be a finite number >= 0, got {self.cost_weight!r}")
+        if not (math.isfinite(self.tau) and self.tau > 0):
+            raise ValueError(f"DFQ tau must be > 0, got {self.tau!r}")
+        if not _bits_ok(self.grad_bits) and not (isinstance(self.grad_bits, int) and 2 <= self.grad_bits <= 16):
+            raise ValueError(f"DFQ grad_bits must be an int in [2, 16], got {self.grad_bits!r}")
+
+
+class BitGate(nn.Module):
+    """``logits = W pool(x) + b`` over the ``K`` bit options (float; weights start at zero)."""
+
+    def __init__(self, in_features: int, options: int, init_logit: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_features, options)
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.bias.zero_()
+            self.fc.bias[-1] = init_logit
+
+    @staticmethod
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        """Batch-level features: the mean over every dim but the channel one (dim 1 of NCHW, last of Linear)."""
+        x = x.detach().float()
+        if x.ndim == 4:
+            return x.mean(dim=(0, 2, 3))
+        return x.reshape(-1, x.shape[-1]).mean(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(x))
+
+
+class _AddToLoss(torch.autograd.Function):
+    """Returns ``out`` unchanged; in backward sends gradient 1 to ``term``: the graph computes
+    ``d(loss + term)`` wherever ``loss`` depends on ``out``."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad, torch.ones((), dtype=torch.float32, device=grad.device)
+
+
+def _macs(layer: nn.Module, out: torch.Tensor) -> int:
+    if isinstance(layer, nn.Conv2d):
+        kh, kw = layer.kernel_size
+        return int(out.numel() * (layer.in_channels // layer.groups) * kh * kw)
+    return int(out.numel() * layer.in_features)
+
+
+def forward_cost_ratio(counter: Any) -> float:
+    """Measured forward-GEMM BitOPs of a :class:`inttrain.cost.BitOpsCounter` relative to static 8-bit."""
+    ref = counter.total("int8_bitops", gemm="forward")
+    return counter.total("bitops", gemm="forward") / ref if ref else float("nan")
+
+
+class DFQController:
+    """Gates on the prepared layers of ``model`` (see :func:`attach_dfq`); the scheduler of a DFQ run.
+
+    Interface of :class:`~inttrain.schedules.PrecisionScheduler`: :meth:`step` after every training step,
+    :attr:`bits`, :meth:`state_dict` / :meth:`load_state_dict` (gate weights live in the model's
+    ``state_dict``, under ``<layer>.dfq_gate``).
+    """
+
+    def __init__(self, model: nn.Module, config: DFQConfig, cap: Schedule | None = None,
+                 include: Callable[[str, Any], bool] | None = None) -> None:
+        self.model, self.config, self.cap = model, config, cap
+        self.layers = [(n, m) for n, m in prepared_layers(model) if include is None or include(n, m)]
+        if not self.layers:
+            raise ValueError("DFQ needs a model with prepared integer layers (inttrain.prepare_ with an integer recipe)")
+        self.last_step = 0
+        self.expected_cost = float("nan")  # E of the last training forward (no grad)
+        self.last_bits: dict[str, int] = {}  # forward bits each layer chose in the last training forward
+        self._base = {n: m.precision for n, m in self.layers}
+        self._cache: dict[tuple[str, int, int], Any] = {}
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor | None, int]] = {}
+        self._terms: list[tuple[int, torch.Tensor]] = []
+        self._macs: dict[str, int] = {}
+        self._handles: list[Any] = []
+        k = len(config.bits)
+        for i, (name, m) in enumerate(self.layers):
+            c_in = m.in_channels if isinstance(m, nn.Conv2d) else m.in_features
+            if not isinstance(getattr(m, "dfq_gate", None), BitGate):
+                m.dfq_gate = BitGate(c_in, k, config.init_logit)
+            for b in config.bits:
+                self._precision(name, m, b, self._grad_bits())  # validate the widths up front
+            self._handles.append(m.register_forward_pre_hook(self._pre_hook(i, name)))
+            self._handles.append(m.register_forward_hook(self._post_hook(name)))
+        self._handles.append(model.register_forward_hook(self._model_hook))
+        self._set_all(self._effective()[-1])
+
+    # ------------------------------------------------------------------ bits
+    def _grad_bits(self) -> int:
+        return self.config.grad_bits if self.cap is None else self.cap.bits_at(self.last_step)[1]
+
+    def _effective(self) -> tuple[int, ...]:
+        """The bit options at the current step (capped by the temporal schedule)."""
+        if self.cap is None:
+            return tuple(self.config.bits)
+        cap = self.cap.bits_at(self.last_step)[0]
+        return tuple(min(b, cap) for b in self.config.bits)
+
+    def _precision(self, name: str, m: nn.Module, fwd: int, grad: int) -> Any:
+        key = (name, fwd, grad)
+        p = self._cache.get(key)
+        if p is None:
+            p = with_bits(self._base[name], fwd, grad)
+            validate = getattr(type(m), "_validate", None)
+            if validate is not None:
+                validate(m, p)
+            self._cache[key] = p
+        return p
+
+    def _set_all(self, fwd: int) -> None:
+        grad = self._grad_bits()
+        for name, m in self.layers:
+            m.precision = self._precision(name, m, fwd, grad)
+
+    @property
+    def bits(self) -> tuple[float, int]:
+        """(MAC-weighted mean forward bits of the last training forward, gradient bits) — what metrics log."""
+        grad = self._grad_bits()
+        if not self.last_bits:
+            return float(self._effective()[-1]), grad
+        w = {n: self._macs.get(n, 1) for n in self.last_bits}
+        mean = sum(w[n] * b for n, b in self.last_bits.items()) / sum(w.values())
+        return round(mean, 3), grad
+
+    # ------------------------------------------------------------------ hooks
+    def _pre_hook(self, index: int, name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, args: tuple) -> None:
+            logits = m.dfq_gate(args[0])
+            options = self._effective()
+            if m.training and torch.is_grad_enabled():
+                seed = mix_seed(self.config.seed, self.last_step, index, 0x6A7E)
+                gen = torch.Generator().manual_seed(seed)
+                u = torch.rand(logits.shape, generator=gen).clamp_(1e-10, 1 - 1e-7).to(logits.device)
+                soft = torch.softmax((logits - torch.log(-torch.log(u))) / self.config.tau, dim=-1)
+                k = int(soft.argmax())
+                scale = 1 + (soft[k] - soft[k].detach())  # 1.0 exactly; straight-through gradient
+                self._pending[id(m)] = (torch.softmax(logits, dim=-1), scale, options[k])
+            else:
+                k = int(logits.argmax())
+                self._pending[id(m)] = (None, None, options[k])  # type: ignore[assignment]
+            m.precision = self._precision(name, m, options[k], self._grad_bits())
+
+        return hook
+
+    def _post_hook(self, name: str) -> Callable[..., Any]:
+        def hook(m: nn.Module, args: tuple, out: torch.Tensor) -> Any:
+            probs, scale, bits = self._pending.pop(id(m), (None, None, 0))
+            if probs is None:
+                return None
+            macs = _macs(m, out)
+            self._macs[name] = macs
+            self.last_bits[name] = bits
+            self._terms.append((macs, probs))
+            return out * scale
+
+        return hook
+
+    def _model_hook(self, model: nn.Module, args: tuple, out: Any) -> Any:
+        terms, self._terms = self._terms, []
+        if not terms or not isinstance(out, torch.Tensor):
+            return None
+        cost = torch.tensor([b * b / 64 for b in self._effective()], dtype=torch.float32)
+        total = sum(macs for macs, _ in terms)
+        expected = sum(macs * (p * cost.to(p.device)).sum() for macs, p in terms) / total
+        self.expected_cost = float(expected.detach())
+        term = self.config.cost_weight * (expected - self.config.target_cost) ** 2
+        return _AddToLoss.apply(out, term)
+
+    # ------------------------------------------------------------------ schedule interface
+    def step(self, loss: float | None = None) -> tuple[float, int]:
+        """Finish step ``last_step`` (shows its loss to the ``cap`` schedule) and move to the next."""
+        if self.cap is not None:
+            self.cap.observe(self.last_step, loss)
+        self.last_step += 1
+        return self.bits
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_step": self.last_step, "expected_cost": self.expected_cost, "last_bits": dict(self.last_bits),
+                "macs": dict(self._macs), "schedule": {} if self.cap is None else self.cap.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_step = int(state["last_step"])
+        self.expected_cost = float(state.get("expected_cost", float("nan")))
+        self.last_bits = {str(k): int(v) for k, v in dict(state.get("last_bits", {})).items()}
+        self._macs = {str(k): int(v) for k, v in dict(state.get("macs", {})).items()}
+        if self.cap is not None:
+            self.cap.load_state_dict(dict(state.get("schedule", {})))
+
+    def detach(self) -> None:
+        """Remove the hooks (the gates stay in the model; the layers keep their last precision)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def attach_dfq(model: nn.Module, config: DFQConfig | None = None, cap: Schedule | None = None,
+               include: Callable[[str, Any], bool] | None = None) -> DFQController:
+    """Add a :class:`BitGate` (``<layer>.dfq_gate``) to every prepared layer of ``model`` (``include(name,
+    module)`` filters) and return the controller.  Call before building the optimizer, so it holds the gate
+    parameters.  ``cap``: a temporal schedule (e.g. ``PFQ()``) giving the maximum bits: FracTrain = PFQ + DFQ.
+    """
+    return DFQController(model, config or DFQConfig(), cap, include)
