@@ -60,6 +60,33 @@ def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def exact_float_dtype(k: int, amax: int, bmax: int):
+    """float32 if a length-``k`` reduction of these operand maxima is exact in float32 (every partial sum
+    <= 2**24), float64 if it is exact there (<= 2**53), else None."""
+    p = int(k) * int(amax) * int(bmax)
+    return np.float32 if p <= F32_EXACT else (np.float64 if p <= F64_EXACT else None)
+
+
+def matmul_exact(a: np.ndarray, b: np.ndarray, amax: int | None = None, bmax: int | None = None) -> np.ndarray:
+    """Exact ``np.matmul(a, b)`` of integer-valued operands (batch dimensions broadcast, as np.matmul).
+
+    Returns a float32 or float64 array whose values are the exact integer results: one float32 BLAS
+    product when ``K * max|a| * max|b| <= 2**24`` (the §3 argument with the whole K as one chunk), else one
+    float64 product when that bound is <= 2**53 (always, for int8 codes and the validated K <= 133144);
+    beyond that (wide integer operands) the K-chunked int64 sum of ``int_matmul`` (2-D only). ``amax`` /
+    ``bmax`` may be given when known (they only need to be upper bounds).
+    """
+    k = a.shape[-1]
+    if amax is None:
+        amax = _absmax(a)
+    if bmax is None:
+        bmax = _absmax(b)
+    ft = exact_float_dtype(k, amax, bmax)
+    if ft is None:
+        return int_matmul(a, b)
+    return np.matmul(a.astype(ft, copy=False), b.astype(ft, copy=False))
+
+
 def int_matmul_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Pure int64 reference (slow): what ``int_matmul`` must equal bit for bit."""
     return a.astype(np.int64) @ b.astype(np.int64)

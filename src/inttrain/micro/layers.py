@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gemm import int_matmul
-from .ops import IntTensor, qmax, requantize, saturate, shift, shift_left_saturate, shift_round
+from .gemm import exact_float_dtype, int_matmul, matmul_exact
+from .ops import (IntTensor, absmax, qmax, requantize, saturate, shift, shift_left_saturate, shift_round,
+                  shift_round_fast)
 
 INT32_LIMIT = 2**31 - 1
 MAX_K = INT32_LIMIT // (127 * 127)   # 133144: longest reduction whose int8 x int8 sum fits int32
@@ -19,9 +20,14 @@ MAX_K = INT32_LIMIT // (127 * 127)   # 133144: longest reduction whose int8 x in
 
 def check_int32(acc: np.ndarray, what: str) -> np.ndarray:
     """Accumulators are int32 in the spec; the shapes are validated so this never fires."""
-    if acc.size and int(np.abs(acc).max()) > INT32_LIMIT:
+    if absmax(acc) > INT32_LIMIT:
         raise OverflowError(f"{what}: int32 accumulator overflow")
     return acc
+
+
+def to_int32(acc: np.ndarray, what: str) -> np.ndarray:
+    """An exact accumulator (integer or integer-valued float array) checked against int32 and stored as int32."""
+    return check_int32(acc, what).astype(np.int32)
 
 
 class Param:
@@ -45,7 +51,9 @@ class Param:
     def int8(self) -> IntTensor:
         if self.bits == 8:
             return IntTensor(self.acc, self.exp)
-        return IntTensor(saturate(shift_round(self.acc, 8, "rne"), 8).astype(np.int8), self.exp + 8)
+        q = shift_round_fast(self.acc.astype(np.int32), 8, "rne")     # int16 + 128 fits int32
+        np.clip(q, -127, 127, out=q)
+        return IntTensor(q.astype(np.int8), self.exp + 8)
 
     @staticmethod
     def init(shape: tuple[int, ...], fan_in: int, bits: int, rng: np.random.Generator) -> "Param":
@@ -95,8 +103,10 @@ class Linear(Layer):
 
     def forward(self, x: IntTensor) -> IntTensor:
         w = self.weight.int8()
-        self.saved = (x, w)
-        acc = check_int32(self.forward_acc(x.q, w.q), "linear forward")
+        ax, aw = absmax(x.q), absmax(w.q)
+        wf = w.q.astype(np.float32)                         # the float view both GEMMs use (exact, §3)
+        self.saved, self.gemm_saved = (x, w), (wf, ax, aw)
+        acc = check_int32(matmul_exact(x.q, wf.T, ax, aw), "linear forward")
         return requantize(acc, x.exp + w.exp, self.fwd_round)
 
     @staticmethod
@@ -105,12 +115,13 @@ class Linear(Layer):
         return int_matmul(g, w), int_matmul(g.T, x)
 
     def backward(self, g: IntTensor) -> IntTensor | None:
-        x, w = self.saved
-        self.weight.grad = check_int32(int_matmul(g.q.T, x.q), "linear weight grad")
+        (x, w), (wf, ax, aw) = self.saved, self.gemm_saved
+        ag = absmax(g.q)
+        self.weight.grad = to_int32(matmul_exact(g.q.T, x.q, ag, ax), "linear weight grad")
         self.weight.grad_exp = g.exp + x.exp
         if not self.need_input_grad:
             return None
-        gx = check_int32(int_matmul(g.q, w.q), "linear input grad")
+        gx = check_int32(matmul_exact(g.q, wf, ag, aw), "linear input grad")
         return requantize(gx, g.exp + w.exp, self.bwd_round)
 
     def out_shape(self, in_shape):
@@ -145,6 +156,31 @@ def col2im(cols: np.ndarray, x_shape: tuple[int, ...], kh: int, kw: int, stride:
     return out[:, :, padding:padding + h, padding:padding + w]
 
 
+def im2col_batched(x: np.ndarray, k: int, stride: int, padding: int) -> tuple[np.ndarray, int, int]:
+    """(N, C, H, W) -> columns (N, C*k*k, OH*OW) in x's dtype, column index (c, i, j): k*k strided block copies."""
+    xp = _pad(x, padding)
+    n, c, hp, wp = xp.shape
+    oh, ow = (hp - k) // stride + 1, (wp - k) // stride + 1
+    cols = np.empty((n, c, k, k, oh, ow), dtype=x.dtype)
+    for i in range(k):
+        for j in range(k):
+            cols[:, :, i, j] = xp[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+    return cols.reshape(n, c * k * k, oh * ow), oh, ow
+
+
+def col2im_batched(dcols: np.ndarray, x_shape: tuple[int, ...], k: int, stride: int, padding: int,
+                   oh: int, ow: int) -> np.ndarray:
+    """Adjoint of :func:`im2col_batched`: scatter-add (N, C*k*k, OH*OW) back to (N, C, H, W), in dcols' dtype
+    (the caller picks one in which the sums are exact), padding cropped."""
+    n, c, h, w = x_shape
+    d = dcols.reshape(n, c, k, k, oh, ow)
+    out = np.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=dcols.dtype)
+    for i in range(k):
+        for j in range(k):
+            out[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride] += d[:, :, i, j]
+    return out[:, :, padding:padding + h, padding:padding + w]
+
+
 class Conv2d(Layer):
     """Cross-correlation, zero padding, square kernel/stride/padding, no bias. W: (out, C, k, k)."""
 
@@ -168,10 +204,14 @@ class Conv2d(Layer):
 
     def forward(self, x: IntTensor) -> IntTensor:
         w = self.weight.int8()
-        o, _, k, _ = w.q.shape
-        cols, oh, ow = im2col(x.q, k, k, self.stride, self.padding)
-        self.saved = (x, w, cols, oh, ow)
-        acc = int_matmul(cols, w.q.reshape(o, -1).T).reshape(x.q.shape[0], oh, ow, o).transpose(0, 3, 1, 2)
+        o, c, k, _ = w.q.shape
+        n = x.q.shape[0]
+        cols, oh, ow = im2col_batched(x.q, k, self.stride, self.padding)   # (N, C*k*k, OH*OW) int8
+        ax, aw = absmax(x.q), absmax(w.q)
+        ft = exact_float_dtype(c * k * k, ax, aw) or np.float64
+        colsf, wf = cols.astype(ft), w.q.reshape(o, -1).astype(ft)
+        self.saved = (x, w, colsf, wf, ax, aw, oh, ow)
+        acc = matmul_exact(wf, colsf, aw, ax).reshape(n, o, oh, ow)           # NCHW directly
         return requantize(check_int32(acc, "conv forward"), x.exp + w.exp, self.fwd_round)
 
     @staticmethod
@@ -185,14 +225,23 @@ class Conv2d(Layer):
         return gx, gw
 
     def backward(self, g: IntTensor) -> IntTensor | None:
-        x, w, cols, oh, ow = self.saved
-        o, _, k, _ = w.q.shape
-        grows = g.q.transpose(0, 2, 3, 1).reshape(-1, o)
-        self.weight.grad = check_int32(int_matmul(grows.T, cols).reshape(w.q.shape), "conv weight grad")
+        x, w, colsf, wf, ax, aw, oh, ow = self.saved
+        o, c, k, _ = w.q.shape
+        n = g.q.shape[0]
+        gq = g.q.reshape(n, o, oh * ow)
+        ag = absmax(gq)
+        # weight gradient: per sample (K = OH*OW), then the exact float64 sum over the batch
+        per = matmul_exact(gq, colsf.transpose(0, 2, 1), ag, ax)                   # (N, O, C*k*k)
+        gw = per.sum(axis=0, dtype=np.float64) if per.dtype.kind == "f" else per.sum(axis=0)
+        self.weight.grad = to_int32(gw.reshape(w.q.shape), "conv weight grad")
         self.weight.grad_exp = g.exp + x.exp
         if not self.need_input_grad:
             return None
-        gx = col2im(int_matmul(grows, w.q.reshape(o, -1)), x.q.shape, k, k, self.stride, self.padding, oh, ow)
+        dcols = matmul_exact(wf.T, gq, aw, ag)                                      # (N, C*k*k, OH*OW)
+        s = self.stride
+        overlap = (-(-k // s)) ** 2                      # most columns summed into one input position
+        at = exact_float_dtype(overlap * o, aw, ag) or np.float64
+        gx = col2im_batched(dcols.astype(at, copy=False), x.q.shape, k, s, self.padding, oh, ow)
         return requantize(check_int32(gx, "conv input grad"), g.exp + w.exp, self.bwd_round)
 
     def out_shape(self, in_shape):

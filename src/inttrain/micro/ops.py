@@ -85,16 +85,70 @@ def shift(x: np.ndarray, s: int, mode: str = "rne", limit: int = INT32_MAX) -> n
     return shift_round(x, s, mode) if s >= 0 else shift_left_saturate(x, -s, limit)
 
 
+def absmax(a: np.ndarray) -> int:
+    """max |a| as a Python int (0 for an empty array), without a widening copy; ``a`` holds integers
+    (integer dtype, or a float array whose values are exact integers)."""
+    return max(int(a.max()), -int(a.min())) if a.size else 0
+
+
+def shift_round_fast(x: np.ndarray, s: int, mode: str) -> np.ndarray:
+    """``shift_round`` for 0 < s < 63 computed in ``x``'s own integer dtype with few passes.
+
+    The caller guarantees that ``|x| + 2**(s-1)`` fits ``x``'s dtype (only ``rne`` adds) and that ``s`` is
+    below the dtype's bit width. rne uses ``(x + 2**(s-1) - 1 + ((x >> s) & 1)) >> s``: with x = q 2**s + r
+    the sum carries into q exactly when r > 2**(s-1), or r == 2**(s-1) and q is odd (§2).
+    """
+    if mode == "floor":
+        return x >> s
+    if mode == "pstoch" and s >= 2:
+        m = s // 2
+        r = x & ((1 << s) - 1)
+        u = r >> (s - m)
+        r &= (1 << m) - 1
+        q = x >> s
+        q += u > r
+        return q
+    t = x >> s
+    t &= 1
+    t += x
+    t += (1 << (s - 1)) - 1
+    t >>= s
+    return t
+
+
+_INT_FOR_BITS = {8: np.int8, 16: np.int16, 32: np.int32}
+
+
 def requantize(acc: np.ndarray, exp: int, mode: str = "rne", bits: int = 8) -> IntTensor:
-    """Int32/int64 accumulator (value acc * 2**exp) -> ``bits``-bit codes, NITI style.
+    """Accumulator (value acc * 2**exp) -> ``bits``-bit codes, NITI style.
 
     The shift is the smallest that makes the largest magnitude fit: s = max(0, bitlen(max|acc|) -
     (bits - 1)); codes = saturate(shift_round(acc, s, mode)); the new exponent is exp + s. (After
     rounding a value can reach 2**(bits-1) exactly; saturation maps it to 2**(bits-1) - 1.)
+
+    ``acc`` is an integer array or a float32/float64 array of exact integers (the exact GEMM's result,
+    §3). Floats are rounded in float for ``rne``/``floor``: ``acc * 2**-s`` is exact (a power-of-two
+    scaling of an integer), and ``rint`` (round half to even) / ``floor`` of it are the integer results.
     """
-    acc = np.asarray(acc, dtype=np.int64)
-    m = int(np.abs(acc).max()) if acc.size else 0
+    acc = np.asarray(acc)
+    if acc.dtype.kind not in "iuf":
+        acc = acc.astype(np.int64)
+    m = absmax(acc)
     s = max(0, m.bit_length() - (bits - 1))
-    q = saturate(shift_round(acc, s, mode), bits)
-    dtype = np.int8 if bits <= 8 else (np.int16 if bits <= 16 else np.int32)
-    return IntTensor(q.astype(dtype), int(exp) + s)
+    dtype = _INT_FOR_BITS[8 if bits <= 8 else (16 if bits <= 16 else 32)]
+    if s == 0:                                   # |acc| <= 2**(bits-1) - 1: already codes
+        return IntTensor(acc.astype(dtype), int(exp))
+    qm = qmax(bits)
+    if s >= 63:                                  # pragma: no cover - int64 inputs only
+        return IntTensor(saturate(shift_round(acc.astype(np.int64), s, mode), bits).astype(dtype), int(exp) + s)
+    if acc.dtype.kind == "f" and mode != "pstoch":
+        y = acc * acc.dtype.type(2.0 ** -s)
+        (np.rint if mode == "rne" else np.floor)(y, out=y)
+    else:
+        if acc.dtype.kind == "f" or acc.dtype.itemsize < 4 or acc.dtype.kind == "u":
+            acc = acc.astype(np.int32 if m < (1 << 30) else np.int64)
+        elif acc.dtype == np.int32 and m >= (1 << 30):
+            acc = acc.astype(np.int64)
+        y = shift_round_fast(acc, s, mode)
+    np.clip(y, -qm, qm, out=y)                  # only +-2**(bits-1) can occur here
+    return IntTensor(y.astype(dtype), int(exp) + s)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .layers import Param
-from .ops import INT32_MAX, qmax, shift
+from .ops import INT32_MAX, absmax, qmax, shift, shift_round_fast
 
 
 class SGD:
@@ -28,9 +28,29 @@ class SGD:
         """The (signed) step in codes of p.acc before momentum: round(grad * 2**(grad_exp - lr_shift - exp))."""
         return shift(p.grad, p.exp + self.lr_shift - p.grad_exp, self.rounding, INT32_MAX)
 
+    def _fast_update(self, p: Param) -> np.ndarray | None:
+        """The step in int32 when that is exact: an int32 gradient, 1 <= s <= 30 (so |U| <= 2**30 + 1 and
+        W - U cannot overflow int32) and, for rne, no overflow of G + 2**(s-1). None: use the int64 path."""
+        s = p.exp + self.lr_shift - p.grad_exp
+        g = p.grad
+        if g.dtype != np.int32 or not 1 <= s <= 30:
+            return None
+        if self.rounding == "rne" and absmax(g) + (1 << (s - 1)) > INT32_MAX:
+            return None
+        return shift_round_fast(g, s, self.rounding)
+
     def step(self) -> None:
         for p in self.params:
             if p.grad is None:
+                continue
+            u = self._fast_update(p) if self.momentum_shift is None else None
+            if u is not None:
+                m = qmax(p.bits)
+                w = p.acc.astype(np.int32)
+                w -= u
+                np.clip(w, -m, m, out=w)
+                p.acc = w.astype(p.acc.dtype)
+                p.grad = None
                 continue
             u = self.update_codes(p)
             if self.momentum_shift is not None:
