@@ -168,6 +168,42 @@ def im2col_batched(x: np.ndarray, k: int, stride: int, padding: int) -> tuple[np
     return cols.reshape(n, c * k * k, oh * ow), oh, ow
 
 
+def im2col_rows(x: np.ndarray, k: int, padding: int, dtype=None) -> tuple[np.ndarray, int, int, int]:
+    """Stride-1 columns on the padded row grid: (N, C*k*k, OH*Wp), with Wp = W + 2p the padded width.
+
+    Column ``oh*Wp + ow`` of kernel offset (i, j) is the flat padded input at ``(oh + i)*Wp + ow + j``, so
+    each of the k*k offsets is one contiguous slice of the flattened padded image. Columns ``ow >= OW``
+    wrap into the next row: they are garbage, cropped from the GEMM output, and multiplied by a zero error
+    in the backward, so every result is still exact. ``dtype``: of the columns (default x's; a float type
+    converts the small padded image once instead of the k*k times larger columns). Returns (cols, OH, OW, Wp).
+    """
+    n, c, h, w = x.shape
+    dtype = x.dtype if dtype is None else dtype
+    hp, wp = h + 2 * padding, w + 2 * padding
+    oh, ow = hp - k + 1, wp - k + 1
+    buf = np.zeros((n, c, hp * wp + k), dtype=dtype)         # k spare entries: the last slices run past Hp*Wp
+    buf[:, :, :hp * wp].reshape(n, c, hp, wp)[:, :, padding:padding + h, padding:padding + w] = x
+    length = oh * wp
+    cols = np.empty((n, c, k, k, length), dtype=dtype)
+    for i in range(k):
+        for j in range(k):
+            cols[:, :, i, j] = buf[:, :, i * wp + j:i * wp + j + length]
+    return cols.reshape(n, c * k * k, length), oh, ow, wp
+
+
+def col2im_rows(dcols: np.ndarray, x_shape: tuple[int, ...], k: int, padding: int, oh: int, wp: int) -> np.ndarray:
+    """Adjoint of :func:`im2col_rows` (the wrap-around columns must hold zeros): k*k contiguous slice adds."""
+    n, c, h, w = x_shape
+    hp = h + 2 * padding
+    length = oh * wp
+    d = dcols.reshape(n, c, k, k, length)
+    buf = np.zeros((n, c, hp * wp + k), dtype=dcols.dtype)
+    for i in range(k):
+        for j in range(k):
+            buf[:, :, i * wp + j:i * wp + j + length] += d[:, :, i, j]
+    return buf[:, :, :hp * wp].reshape(n, c, hp, wp)[:, :, padding:padding + h, padding:padding + w]
+
+
 def col2im_batched(dcols: np.ndarray, x_shape: tuple[int, ...], k: int, stride: int, padding: int,
                    oh: int, ow: int) -> np.ndarray:
     """Adjoint of :func:`im2col_batched`: scatter-add (N, C*k*k, OH*OW) back to (N, C, H, W), in dcols' dtype
@@ -206,12 +242,16 @@ class Conv2d(Layer):
         w = self.weight.int8()
         o, c, k, _ = w.q.shape
         n = x.q.shape[0]
-        cols, oh, ow = im2col_batched(x.q, k, self.stride, self.padding)   # (N, C*k*k, OH*OW) int8
         ax, aw = absmax(x.q), absmax(w.q)
         ft = exact_float_dtype(c * k * k, ax, aw) or np.float64
-        colsf, wf = cols.astype(ft), w.q.reshape(o, -1).astype(ft)
-        self.saved = (x, w, colsf, wf, ax, aw, oh, ow)
-        acc = matmul_exact(wf, colsf, aw, ax).reshape(n, o, oh, ow)           # NCHW directly
+        if self.stride == 1:            # columns on the padded row grid: k*k contiguous slices (see im2col_rows)
+            colsf, oh, ow, wp = im2col_rows(x.q, k, self.padding, ft)         # (N, C*k*k, OH*Wp)
+        else:
+            cols, oh, ow = im2col_batched(x.q, k, self.stride, self.padding)   # (N, C*k*k, OH*OW) int8
+            colsf, wp = cols.astype(ft), ow
+        wf = w.q.reshape(o, -1).astype(ft)
+        self.saved = (x, w, colsf, wf, ax, aw, oh, ow, wp)
+        acc = matmul_exact(wf, colsf, aw, ax).reshape(n, o, oh, wp)[..., :ow]    # NCHW directly
         return requantize(check_int32(acc, "conv forward"), x.exp + w.exp, self.fwd_round)
 
     @staticmethod
@@ -225,11 +265,16 @@ class Conv2d(Layer):
         return gx, gw
 
     def backward(self, g: IntTensor) -> IntTensor | None:
-        x, w, colsf, wf, ax, aw, oh, ow = self.saved
+        x, w, colsf, wf, ax, aw, oh, ow, wp = self.saved
         o, c, k, _ = w.q.shape
         n = g.q.shape[0]
-        gq = g.q.reshape(n, o, oh * ow)
-        ag = absmax(gq)
+        ag = absmax(g.q)
+        if wp == ow:
+            gq = g.q.reshape(n, o, oh * ow)
+        else:                                            # zero error on the grid's wrap-around columns
+            gq = np.zeros((n, o, oh, wp), dtype=g.q.dtype)
+            gq[..., :ow] = g.q
+            gq = gq.reshape(n, o, oh * wp)
         # weight gradient: per sample (K = OH*OW), then the exact float64 sum over the batch
         per = matmul_exact(gq, colsf.transpose(0, 2, 1), ag, ax)                   # (N, O, C*k*k)
         gw = per.sum(axis=0, dtype=np.float64) if per.dtype.kind == "f" else per.sum(axis=0)
@@ -241,7 +286,10 @@ class Conv2d(Layer):
         s = self.stride
         overlap = (-(-k // s)) ** 2                      # most columns summed into one input position
         at = exact_float_dtype(overlap * o, aw, ag) or np.float64
-        gx = col2im_batched(dcols.astype(at, copy=False), x.q.shape, k, s, self.padding, oh, ow)
+        if s == 1:
+            gx = col2im_rows(dcols.astype(at, copy=False), x.q.shape, k, self.padding, oh, wp)
+        else:
+            gx = col2im_batched(dcols.astype(at, copy=False), x.q.shape, k, s, self.padding, oh, ow)
         return requantize(check_int32(gx, "conv input grad"), g.exp + w.exp, self.bwd_round)
 
     def out_shape(self, in_shape):
@@ -258,11 +306,16 @@ class ReLU(Layer):
     """y = max(x, 0) on codes (exponent unchanged); dL/dx = g where x > 0, else 0."""
 
     def forward(self, x: IntTensor) -> IntTensor:
-        self.mask = x.q > 0
-        return IntTensor(np.where(self.mask, x.q, 0).astype(x.q.dtype), x.exp)
+        y = np.maximum(x.q, x.q.dtype.type(0))
+        self.out = y                                    # x > 0 exactly where y != 0
+        return IntTensor(y, x.exp)
+
+    @property
+    def mask(self) -> np.ndarray:
+        return self.out != 0
 
     def backward(self, g: IntTensor) -> IntTensor:
-        return IntTensor(np.where(self.mask, g.q, 0).astype(g.q.dtype), g.exp)
+        return IntTensor(np.where(self.out != 0, g.q, g.q.dtype.type(0)), g.exp)
 
     def describe(self):
         return {"type": "relu"}
@@ -278,25 +331,32 @@ class MaxPool2d(Layer):
     def __init__(self, kernel_size: int = 2):
         self.kernel_size = kernel_size
 
+    def _views(self, a: np.ndarray, oh: int, ow: int) -> list[np.ndarray]:
+        """The k*k strided views a[:, :, i::k, j::k] (cropped to oh x ow), in row-major window order."""
+        k = self.kernel_size
+        return [a[:, :, i:i + k * (oh - 1) + 1:k, j:j + k * (ow - 1) + 1:k] for i in range(k) for j in range(k)]
+
     def forward(self, x: IntTensor) -> IntTensor:
         k = self.kernel_size
         n, c, h, w = x.q.shape
         oh, ow = h // k, w // k
-        win = x.q[:, :, :oh * k, :ow * k].reshape(n, c, oh, k, ow, k).transpose(0, 1, 2, 4, 3, 5)
-        win = win.reshape(n, c, oh, ow, k * k)
-        self.arg = win.argmax(axis=-1)                                      # first maximum
-        self.in_shape = x.q.shape
-        out = np.take_along_axis(win, self.arg[..., None], axis=-1)[..., 0]
+        views = self._views(x.q, oh, ow)
+        out = views[0].copy()
+        for v in views[1:]:
+            np.maximum(out, v, out=out)
+        arg = np.full(out.shape, k * k - 1, dtype=np.uint8)    # window index of the first maximum
+        for p in range(k * k - 2, -1, -1):
+            arg[views[p] == out] = p
+        self.arg, self.in_shape = arg, x.q.shape
         return IntTensor(out, x.exp)
 
     def backward(self, g: IntTensor) -> IntTensor:
-        k = self.kernel_size
         n, c, h, w = self.in_shape
-        oh, ow = h // k, w // k
-        win = np.zeros((n, c, oh, ow, k * k), dtype=g.q.dtype)
-        np.put_along_axis(win, self.arg[..., None], g.q[..., None], axis=-1)
+        k = self.kernel_size
         gx = np.zeros(self.in_shape, dtype=g.q.dtype)
-        gx[:, :, :oh * k, :ow * k] = win.reshape(n, c, oh, ow, k, k).transpose(0, 1, 2, 4, 3, 5).reshape(n, c, oh * k, ow * k)
+        zero = g.q.dtype.type(0)
+        for p, v in enumerate(self._views(gx, h // k, w // k)):
+            v[...] = np.where(self.arg == p, g.q, zero)
         return IntTensor(gx, g.exp)
 
     def out_shape(self, in_shape):
