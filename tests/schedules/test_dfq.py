@@ -175,6 +175,8 @@ def test_state_dict_resume_is_exact(digits) -> None:
     (dict(target_cost=1.5), "target_cost"),
     (dict(cost_weight=-1.0), "cost_weight"),
     (dict(tau=0.0), "tau"),
+    (dict(grad_bits=1), "grad_bits"),
+    (dict(init_logit=float("inf")), "init_logit"),
 ])
 def test_bad_options(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -184,3 +186,24 @@ def test_bad_options(kwargs: dict, match: str) -> None:
 def test_needs_integer_layers() -> None:
     with pytest.raises(ValueError, match="prepared integer layers"):
         attach_dfq(nn.Sequential(nn.Linear(4, 2)))
+
+
+def test_gated_forward_equals_the_same_bits_without_gates() -> None:
+    """The straight-through factor is exactly 1.0: a training forward with every gate forced to 4 bits gives
+    the same output, bit for bit, as the same model run at 4 bits by a plain schedule; and the task loss
+    alone (cost_weight=0) reaches the gates."""
+    from inttrain.schedules import Constant, PrecisionScheduler
+
+    x = torch.randn(16, 1, 8, 8)
+    plain = _cnn()
+    gated = copy.deepcopy(plain)
+    PrecisionScheduler(plain, Constant(4, 8))
+    dfq = attach_dfq(gated, DFQConfig(bits=(4, 8), cost_weight=0.0))
+    with torch.no_grad():
+        for _, layer in dfq.layers:
+            layer.dfq_gate.fc.bias.copy_(torch.tensor([30.0, 0.0]))
+    out = gated(x)
+    assert torch.equal(out, plain(x))
+    F.cross_entropy(out, torch.arange(16) % 10).backward()
+    assert all(layer.dfq_gate.fc.bias.grad is not None for _, layer in dfq.layers)
+    assert any(float(layer.dfq_gate.fc.weight.grad.abs().sum()) > 0 for _, layer in dfq.layers)

@@ -102,8 +102,10 @@ class DFQConfig:
             raise ValueError(f"DFQ cost_weight must be a finite number >= 0, got {self.cost_weight!r}")
         if not (math.isfinite(self.tau) and self.tau > 0):
             raise ValueError(f"DFQ tau must be > 0, got {self.tau!r}")
-        if not _bits_ok(self.grad_bits) and not (isinstance(self.grad_bits, int) and 2 <= self.grad_bits <= 16):
+        if not (isinstance(self.grad_bits, int) and not isinstance(self.grad_bits, bool) and 2 <= self.grad_bits <= 16):
             raise ValueError(f"DFQ grad_bits must be an int in [2, 16], got {self.grad_bits!r}")
+        if not math.isfinite(self.init_logit):
+            raise ValueError(f"DFQ init_logit must be finite, got {self.init_logit!r}")
 
 
 class BitGate(nn.Module):
