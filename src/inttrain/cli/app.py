@@ -96,6 +96,7 @@ def train_cmd(
     nproc: Annotated[Optional[int], typer.Option(help="Data-parallel processes on this machine (gloo, 127.0.0.1); --batch-size is the global batch, split evenly. Under torchrun the world size comes from its environment. [default: 1]")] = None,
     comm: Annotated[Optional[str], typer.Option(help="Gradient all-reduce with --nproc > 1: fp32 or int8 (inttrain.distributed hook). [default: fp32]")] = None,
     dist_timeout: Annotated[Optional[float], typer.Option("--dist-timeout", help="Seconds a rank waits for its peers (rendezvous and every collective) before failing. [default: 300]")] = None,
+    dclr: Annotated[Optional[bool], typer.Option("--dclr/--no-dclr", help="unified-int8: deviation-counteractive per-layer learning-rate scaling (Zhu et al. 2020, Eq. 10). [default: on]")] = None,
 ) -> None:
     """Train one model with one recipe into a run folder (config, metrics, log, checkpoints)."""
     from .config import resolve_config
@@ -104,7 +105,7 @@ def train_cmd(
     flags = dict(model=model, dataset=dataset, data_dir=data_dir, recipe=recipe, bits=bits, epochs=epochs,
                  batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads,
                  max_steps=max_steps, log_every=log_every, seq_len=seq_len, augment=augment, schedule=schedule,
-                 nproc=nproc, comm=comm, dist_timeout=dist_timeout)
+                 nproc=nproc, comm=comm, dist_timeout=dist_timeout, dclr=dclr)
     cfg = resolve_config(config, list(set_ or []), flags)
     code = start_run(cfg, out)
     if code:
@@ -228,6 +229,8 @@ def compare_cmd(
     from .run import validate_config
 
     names = parse_recipes(recipes)
+    for name in names:
+        _check_recipe(name, field="--recipes")
     base = dict(model=model, dataset=dataset, data_dir=str(data_dir) if data_dir else None, epochs=epochs,
                 batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads, max_steps=max_steps)
     for name in names:

@@ -62,6 +62,8 @@ class RunConfig:
     nproc: int = 1
     comm: str = "fp32"  # fp32 all-reduce or the int8 hook (inttrain.distributed)
     dist_timeout: float = 300.0  # seconds a collective (or the rendezvous) may wait for a peer
+    # unified-int8: deviation-counteractive per-layer LR scaling (Zhu et al. CVPR 2020, Eq. 10); false: plain lr.
+    dclr: bool = True
 
 
 _HINTS = typing.get_type_hints(RunConfig)
@@ -90,6 +92,15 @@ def coerce(name: str, value: Any, where: str) -> Any:
             raise UsageProblem(where, f"{name}={value!r}: a value is required ({typ.__name__})")
         return value.strip()
     try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            word = str(value).strip().lower()
+            if word in ("true", "yes", "on", "1"):
+                return True
+            if word in ("false", "no", "off", "0"):
+                return False
+            raise ValueError
         if typ is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
@@ -106,7 +117,7 @@ def coerce(name: str, value: Any, where: str) -> Any:
         pass
     else:
         return value
-    kind = {int: "an integer", float: "a number", str: "a string"}[typ]
+    kind = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[typ]
     raise UsageProblem(where, f"{name}={value!r}: must be {kind}" + (" or none" if optional else ""))
 
 

@@ -53,10 +53,13 @@ def recipe_config_for(recipe: str, bits: int | None) -> Any:
     import inttrain
 
     cfg = inttrain.get_config(recipe)
-    if not any(f.name == "bits" for f in dataclasses.fields(cfg)):
+    names = {f.name for f in dataclasses.fields(cfg)}
+    # dorefa has no single width: --bits sets its weight, activation and gradient k alike.
+    targets = ("bits",) if "bits" in names else tuple(n for n in ("w_bits", "a_bits", "g_bits") if n in names)
+    if not targets:
         raise UsageProblem("--bits", f"{bits}: recipe {recipe!r} has no bits field")
     try:
-        return dataclasses.replace(cfg, bits=bits)
+        return dataclasses.replace(cfg, **dict.fromkeys(targets, bits))
     except ValueError as e:  # the library's range check (UnsupportedFormatError)
         raise UsageProblem("--bits", str(e)) from None
 
@@ -78,6 +81,9 @@ def validate_config(cfg: RunConfig) -> Any:
 
     check_choice("--schedule", cfg.schedule, SCHEDULE_NAMES)
     _check_recipe(cfg.recipe, field="--recipe")
+    if cfg.recipe == "wageubn" and cfg.optimizer != "sgd":  # its update is a quantized SGD (WageubnSGD)
+        raise UsageProblem("--optimizer", f"{cfg.optimizer!r}: recipe 'wageubn' trains with its own quantized SGD; "
+                                          "allowed: sgd")
     _check_positive(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, threads=cfg.threads,
                     max_steps=cfg.max_steps, log_every=cfg.log_every, max_consecutive_skips=cfg.max_consecutive_skips,
                     seq_len=cfg.seq_len)
@@ -210,7 +216,7 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
                 optimizer=cfg.optimizer, seed=cfg.seed, log=folder.log, max_consecutive_skips=cfg.max_consecutive_skips,
                 recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
                 resume_from=resume_from, augment=cfg.augment, precision_scheduler=p.scheduler, cost_counter=counter,
-                data_parallel=dp, **({"progress": False} if isinstance(folder, SilentFolder) else {}),
+                data_parallel=dp, dclr=cfg.dclr, **({"progress": False} if isinstance(folder, SilentFolder) else {}),
             )
     finally:
         folder.close()

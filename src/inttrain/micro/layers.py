@@ -25,9 +25,31 @@ def check_int32(acc: np.ndarray, what: str) -> np.ndarray:
     return acc
 
 
-def to_int32(acc: np.ndarray, what: str) -> np.ndarray:
-    """An exact accumulator (integer or integer-valued float array) checked against int32 and stored as int32."""
-    return check_int32(acc, what).astype(np.int32)
+def requantize_checked(acc: np.ndarray, exp: int, mode: str, what: str) -> IntTensor:
+    """check_int32 + requantize sharing one max|acc|."""
+    m = absmax(acc)
+    if m > INT32_LIMIT:
+        raise OverflowError(f"{what}: int32 accumulator overflow")
+    return requantize(acc, exp, mode, amax=m)
+
+
+def _int8_view_table() -> np.ndarray:
+    """sat8(shift_round(W16, 8, rne)) for every int16 bit pattern, indexed by the pattern as uint16."""
+    w = np.arange(65536, dtype=np.uint16).view(np.int16)
+    return saturate(shift_round(w.astype(np.int64), 8, "rne"), 8).astype(np.int8)
+
+
+INT8_VIEW = _int8_view_table()          # 64 KiB: the int8 weight view is one table lookup per weight
+
+
+def to_int32(acc: np.ndarray, what: str, bound: int | None = None) -> np.ndarray:
+    """An exact accumulator (integer or integer-valued float array) checked against int32 and stored as int32.
+
+    ``bound``: a proven bound on |acc| (reduction length x operand maxima); when it is within int32 the
+    check holds without scanning the array."""
+    if bound is None or bound > INT32_LIMIT:
+        check_int32(acc, what)
+    return acc.astype(np.int32)
 
 
 class Param:
@@ -51,9 +73,24 @@ class Param:
     def int8(self) -> IntTensor:
         if self.bits == 8:
             return IntTensor(self.acc, self.exp)
-        q = shift_round_fast(self.acc.astype(np.int32), 8, "rne")     # int16 + 128 fits int32
-        np.clip(q, -127, 127, out=q)
-        return IntTensor(q.astype(np.int8), self.exp + 8)
+        acc = self.acc if self.acc.dtype == np.int16 else self.acc.astype(np.int16)
+        return IntTensor(np.take(INT8_VIEW, acc.view(np.uint16)), self.exp + 8)
+
+    def gemm_view(self) -> tuple[IntTensor, np.ndarray, int]:
+        """(int8 view, the same codes as float32 for the exact GEMMs, their max |code|).
+
+        For int16 master codes the view is rint(W16 * 2**-8) clipped to [-127, 127] in float32: the scaling
+        by a power of two is exact and rint rounds half to even, so it equals sat8(shift_round(W16, 8, rne)).
+        """
+        if self.bits == 8:
+            q = self.acc
+            wf = q.astype(np.float32)
+        else:
+            wf = self.acc * np.float32(2.0 ** -8)
+            np.rint(wf, out=wf)
+            np.clip(wf, -127, 127, out=wf)
+            q = wf.astype(np.int8)
+        return IntTensor(q, self.exp + (0 if self.bits == 8 else 8)), wf, absmax(q)
 
     @staticmethod
     def init(shape: tuple[int, ...], fan_in: int, bits: int, rng: np.random.Generator) -> "Param":
@@ -102,12 +139,10 @@ class Linear(Layer):
         return int_matmul(x, w.T)                           # (N, out), exact
 
     def forward(self, x: IntTensor) -> IntTensor:
-        w = self.weight.int8()
-        ax, aw = absmax(x.q), absmax(w.q)
-        wf = w.q.astype(np.float32)                         # the float view both GEMMs use (exact, §3)
+        w, wf, aw = self.weight.gemm_view()                 # wf: the float view both GEMMs use (exact, §3)
+        ax = absmax(x.q)
         self.saved, self.gemm_saved = (x, w), (wf, ax, aw)
-        acc = check_int32(matmul_exact(x.q, wf.T, ax, aw), "linear forward")
-        return requantize(acc, x.exp + w.exp, self.fwd_round)
+        return requantize_checked(matmul_exact(x.q, wf.T, ax, aw), x.exp + w.exp, self.fwd_round, "linear forward")
 
     @staticmethod
     def backward_acc(x: np.ndarray, w: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -117,12 +152,11 @@ class Linear(Layer):
     def backward(self, g: IntTensor) -> IntTensor | None:
         (x, w), (wf, ax, aw) = self.saved, self.gemm_saved
         ag = absmax(g.q)
-        self.weight.grad = to_int32(matmul_exact(g.q.T, x.q, ag, ax), "linear weight grad")
+        self.weight.grad = to_int32(matmul_exact(g.q.T, x.q, ag, ax), "linear weight grad", len(x.q) * ag * ax)
         self.weight.grad_exp = g.exp + x.exp
         if not self.need_input_grad:
             return None
-        gx = check_int32(matmul_exact(g.q, wf, ag, aw), "linear input grad")
-        return requantize(gx, g.exp + w.exp, self.bwd_round)
+        return requantize_checked(matmul_exact(g.q, wf, ag, aw), g.exp + w.exp, self.bwd_round, "linear input grad")
 
     def out_shape(self, in_shape):
         return (self.out_features,)
@@ -239,20 +273,20 @@ class Conv2d(Layer):
         return acc.reshape(x.shape[0], oh, ow, o).transpose(0, 3, 1, 2)
 
     def forward(self, x: IntTensor) -> IntTensor:
-        w = self.weight.int8()
+        w, wflat, aw = self.weight.gemm_view()
         o, c, k, _ = w.q.shape
         n = x.q.shape[0]
-        ax, aw = absmax(x.q), absmax(w.q)
+        ax = absmax(x.q)
         ft = exact_float_dtype(c * k * k, ax, aw) or np.float64
         if self.stride == 1:            # columns on the padded row grid: k*k contiguous slices (see im2col_rows)
             colsf, oh, ow, wp = im2col_rows(x.q, k, self.padding, ft)         # (N, C*k*k, OH*Wp)
         else:
             cols, oh, ow = im2col_batched(x.q, k, self.stride, self.padding)   # (N, C*k*k, OH*OW) int8
             colsf, wp = cols.astype(ft), ow
-        wf = w.q.reshape(o, -1).astype(ft)
+        wf = wflat.reshape(o, -1).astype(ft, copy=False)
         self.saved = (x, w, colsf, wf, ax, aw, oh, ow, wp)
         acc = matmul_exact(wf, colsf, aw, ax).reshape(n, o, oh, wp)[..., :ow]    # NCHW directly
-        return requantize(check_int32(acc, "conv forward"), x.exp + w.exp, self.fwd_round)
+        return requantize_checked(acc, x.exp + w.exp, self.fwd_round, "conv forward")
 
     @staticmethod
     def backward_acc(x: np.ndarray, w: np.ndarray, g: np.ndarray, stride: int, padding: int):
@@ -278,7 +312,7 @@ class Conv2d(Layer):
         # weight gradient: per sample (K = OH*OW), then the exact float64 sum over the batch
         per = matmul_exact(gq, colsf.transpose(0, 2, 1), ag, ax)                   # (N, O, C*k*k)
         gw = per.sum(axis=0, dtype=np.float64) if per.dtype.kind == "f" else per.sum(axis=0)
-        self.weight.grad = to_int32(gw.reshape(w.q.shape), "conv weight grad")
+        self.weight.grad = to_int32(gw.reshape(w.q.shape), "conv weight grad", n * oh * ow * ag * ax)
         self.weight.grad_exp = g.exp + x.exp
         if not self.need_input_grad:
             return None
@@ -290,7 +324,7 @@ class Conv2d(Layer):
             gx = col2im_rows(dcols.astype(at, copy=False), x.q.shape, k, self.padding, oh, wp)
         else:
             gx = col2im_batched(dcols.astype(at, copy=False), x.q.shape, k, s, self.padding, oh, ow)
-        return requantize(check_int32(gx, "conv input grad"), g.exp + w.exp, self.bwd_round)
+        return requantize_checked(gx, g.exp + w.exp, self.bwd_round, "conv input grad")
 
     def out_shape(self, in_shape):
         c, h, w = in_shape

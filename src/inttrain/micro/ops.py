@@ -119,7 +119,7 @@ def shift_round_fast(x: np.ndarray, s: int, mode: str) -> np.ndarray:
 _INT_FOR_BITS = {8: np.int8, 16: np.int16, 32: np.int32}
 
 
-def requantize(acc: np.ndarray, exp: int, mode: str = "rne", bits: int = 8) -> IntTensor:
+def requantize(acc: np.ndarray, exp: int, mode: str = "rne", bits: int = 8, amax: int | None = None) -> IntTensor:
     """Accumulator (value acc * 2**exp) -> ``bits``-bit codes, NITI style.
 
     The shift is the smallest that makes the largest magnitude fit: s = max(0, bitlen(max|acc|) -
@@ -129,11 +129,12 @@ def requantize(acc: np.ndarray, exp: int, mode: str = "rne", bits: int = 8) -> I
     ``acc`` is an integer array or a float32/float64 array of exact integers (the exact GEMM's result,
     §3). Floats are rounded in float for ``rne``/``floor``: ``acc * 2**-s`` is exact (a power-of-two
     scaling of an integer), and ``rint`` (round half to even) / ``floor`` of it are the integer results.
+    ``amax``: max|acc| when the caller has it already.
     """
     acc = np.asarray(acc)
     if acc.dtype.kind not in "iuf":
         acc = acc.astype(np.int64)
-    m = absmax(acc)
+    m = absmax(acc) if amax is None else int(amax)
     s = max(0, m.bit_length() - (bits - 1))
     dtype = _INT_FOR_BITS[8 if bits <= 8 else (16 if bits <= 16 else 32)]
     if s == 0:                                   # |acc| <= 2**(bits-1) - 1: already codes

@@ -46,10 +46,9 @@ class SGD:
             u = self._fast_update(p) if self.momentum_shift is None else None
             if u is not None:
                 m = qmax(p.bits)
-                w = p.acc.astype(np.int32)
-                w -= u
-                np.clip(w, -m, m, out=w)
-                p.acc = w.astype(p.acc.dtype)
+                np.subtract(p.acc, u, out=u)             # W - U in int32 (the int16 codes widen on the fly)
+                np.clip(u, -m, m, out=u)
+                p.acc = u.astype(p.acc.dtype)
                 p.grad = None
                 continue
             u = self.update_codes(p)

@@ -117,6 +117,19 @@ class DSGCState(LayerHooks):
         self.clip = self.ratio * float(m)  # the searched ratio applied to this step's amax
         return dy.clamp(-self.clip, self.clip)
 
+    def state_dict(self) -> dict[str, float | int | None]:
+        """What a resumed run needs to clip, search and scale the LR exactly as an uninterrupted one would."""
+        return {"clip": self.clip, "ratio": self.ratio, "deviation": self.deviation,
+                "unclipped_deviation": self.unclipped_deviation, "steps": self.steps, "searches": self.searches,
+                "search_seconds": self.search_seconds}
+
+    def load_state_dict(self, state: dict[str, float | int | None]) -> None:
+        self.clip = None if state["clip"] is None else float(state["clip"])
+        self.ratio, self.deviation = float(state["ratio"]), float(state["deviation"])
+        self.unclipped_deviation = float(state["unclipped_deviation"])
+        self.steps, self.searches = int(state["steps"]), int(state["searches"])
+        self.search_seconds = float(state["search_seconds"])
+
 
 def search_cost(model: nn.Module) -> dict[str, float]:
     """Total DSGC searches and seconds spent in them over ``model``'s layers."""
@@ -144,17 +157,20 @@ class DeviationCounteractiveLR:
     """Sets each DSGC group's ``lr`` to ``base_lr * max(exp(-alpha d), beta)``; call ``step()`` before ``optimizer.step()``.
 
     ``base_lr`` is the group's lr when this object is built (stored in the group as ``dclr_base_lr``;
-    a schedule that changes the base should write that key).
+    a schedule that changes the base should write that key).  The groups' ``dsgc`` entries are moved into
+    this object, so ``optimizer.state_dict()`` holds plain numbers only (checkpoints load with
+    ``weights_only=True``; the layer states are saved with the model's layers, see
+    :meth:`DSGCState.state_dict`).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, alpha: float = 20.0, beta: float = 0.1):
         self.optimizer, self.alpha, self.beta = optimizer, alpha, beta
+        self.states: list[DSGCState | None] = [group.pop("dsgc", None) for group in optimizer.param_groups]
         for group in optimizer.param_groups:
             group.setdefault("dclr_base_lr", group["lr"])
 
     def step(self) -> None:
-        for group in self.optimizer.param_groups:
-            state = group.get("dsgc")
+        for group, state in zip(self.optimizer.param_groups, self.states):
             if state is not None:
                 group["lr"] = group["dclr_base_lr"] * deviation_lr_scale(state.deviation, self.alpha, self.beta)
 

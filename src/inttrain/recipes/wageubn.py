@@ -135,6 +135,15 @@ class WageubnSGD(torch.optim.Optimizer):
                 p.copy_((codes * scale).to(p.dtype))
         return loss
 
+    def state_dict(self) -> dict:
+        """torch's optimizer state plus the step counter that seeds stochastic G rounding (exact resume)."""
+        return {**super().state_dict(), "wageubn_steps": self.steps}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        self.steps = int(state_dict.pop("wageubn_steps", 0))
+        super().load_state_dict(state_dict)
+
 
 @dataclass(frozen=True)
 class WageubnConfig(RecipeConfig):

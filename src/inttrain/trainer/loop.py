@@ -24,6 +24,7 @@ from inttrain.data import DatasetSplits
 
 from .augment import augment_batch
 from .progress import Progress
+from .recipe_training import build_recipe_optimizer, layer_hook_state, load_layer_hook_state
 from .recipes import apply_recipe, autocast_for
 from .rng import capture_rng, layer_calls, restore_rng, set_layer_calls
 
@@ -234,6 +235,7 @@ def train(
     precision_scheduler: Any = None,
     cost_counter: Any = None,
     data_parallel: Any = None,
+    dclr: bool = True,
 ) -> RunResult:
     """Train ``model`` on ``splits`` in place and return per-epoch statistics.
 
@@ -258,6 +260,9 @@ def train(
     initialized): the model is wrapped in DDP, ``batch_size`` is the global batch and each rank
     trains on its equal share of it; logged losses are global means, and all ranks skip/stop at
     the same steps. Checkpoints (``hooks.save``) equal those of a single-process run.
+    The recipe's own optimizer parts apply (:mod:`inttrain.trainer.recipe_training`: ``unified-int8``'s
+    per-layer DCLR learning rates unless ``dclr=False``, ``wageubn``'s WageubnSGD), and its per-layer
+    state (DSGC clip ratios, counters, deviations) is saved in checkpoints and restored on resume.
     """
     if epochs < 1 or batch_size < 1 or not lr > 0 or max_consecutive_skips < 1:
         raise ValueError(
@@ -271,7 +276,8 @@ def train(
     if not prepared:
         apply_recipe(model, recipe_config if recipe_config is not None else recipe)
     # After prepare_: the optimizer must see the parameters the model now uses.
-    opt = build_optimizer(optimizer, model.parameters(), lr)
+    opt, before_step = build_recipe_optimizer(
+        model, recipe_config if recipe_config is not None else recipe, optimizer, lr, dclr=dclr)
     # Data order comes from this generator alone (one permutation per epoch), so
     # (generator state at epoch start, position) pins where a resume continues.
     gen = torch.Generator().manual_seed(seed)
@@ -282,6 +288,7 @@ def train(
         opt.load_state_dict(saved["optimizer"])
         gen.set_state(saved["data_generator"])
         set_layer_calls(model, saved["layer_calls"])
+        load_layer_hook_state(model, saved.get("layer_hooks", {}))
         restore_rng(saved["rng"])
         state = TrainState.from_dict(saved["train_state"])
         if precision_scheduler is not None and "precision_scheduler" in saved:
@@ -317,6 +324,7 @@ def train(
             "data_generator": gen.get_state(),
             "rng": capture_rng(),
             "layer_calls": layer_calls(model),
+            "layer_hooks": layer_hook_state(model),
             **({} if precision_scheduler is None else {"precision_scheduler": precision_scheduler.state_dict()}),
             **({} if cost_counter is None else {"cost_counter": cost_counter.state_dict()}),
         }
@@ -388,6 +396,8 @@ def train(
                         )
                 else:
                     state.consecutive_skips = 0
+                    if before_step is not None:
+                        before_step()  # e.g. DCLR: per-layer lr from the last DSGC deviation
                     opt.step()
                     seconds = time.perf_counter() - t0
                     state.epoch_times.append(seconds)

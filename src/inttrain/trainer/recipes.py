@@ -25,6 +25,9 @@ def apply_recipe(model: nn.Module, recipe: Any) -> None:
     import inttrain  # lazy: the integer layers are only loaded when a run uses them
 
     inttrain.prepare_(model, recipe)
+    from .recipe_training import swap_norms_
+
+    swap_norms_(model, recipe)  # wageubn: 8-bit BN, sbm: Range BN
 
 
 def autocast_for(recipe: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
