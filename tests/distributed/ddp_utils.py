@@ -284,3 +284,96 @@ def worker_many(rank, world, scenarios):
         out[name]["seconds"] = time.monotonic() - t0
         dist.barrier()
     return out
+
+
+def bn_cnn(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(8 * 6 * 6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def worker_sync_bn(rank, world, steps, recipe):
+    """DDP + CPUSyncBatchNorm on shards vs one process with plain BN on the global batch."""
+    import inttrain
+    from inttrain.distributed.sync_bn import CPUSyncBatchNorm, convert_sync_batchnorm_
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 3, 6, 6, generator=g) * 2 + 1
+    y = torch.randint(0, 4, (32,), generator=g)
+    ref = bn_cnn()
+    if recipe != "fp32":
+        inttrain.prepare_(ref, recipe)
+    model = copy.deepcopy(ref)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # built before the conversion
+    converted = convert_sync_batchnorm_(model)
+    ddp = DDP(model)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    xs, ys = shard(x, rank, world), shard(y, rank, world)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(xs), ys).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+    stats = {k: v.clone() for k, v in model.state_dict().items() if "running" in k}
+    ref_stats = {k: v for k, v in ref.state_dict().items() if "running" in k}
+    flat = torch.cat([v.reshape(-1) for v in stats.values()])
+    rank0 = flat.clone()
+    dist.broadcast(rank0, 0)
+    model.eval()
+    ref.eval()
+    with torch.no_grad():
+        eval_diff = float((model(x) - ref(x)).abs().max())
+    return {
+        "converted": converted,
+        "kinds": sorted({type(m).__name__ for m in model.modules()}),
+        "stats_vs_rank0": float((flat - rank0).abs().max()),
+        "stats_vs_single": max(float((stats[k] - ref_stats[k]).abs().max()) for k in stats),
+        "stats_scale": max(float(v.abs().max()) for v in ref_stats.values()),
+        "param_diff": max_param_diff(model, ref),
+        "eval_diff": eval_diff,
+        "same_keys": sorted(model.state_dict()) == sorted(ref.state_dict()),
+        "is_sync": all(isinstance(m, CPUSyncBatchNorm) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)),
+    }
+
+
+def worker_hook_state_resume(rank, world, steps, cut):
+    """int8 hook: train ``steps``; or ``cut`` steps, save weights+optimizer+hook state, rebuild DDP, load, go on."""
+    from inttrain.distributed import Int8HookState, int8_allreduce_hook
+
+    x, y = regression_data(n=128)
+    xs, ys = shard(x, rank, world), shard(y, rank, world)
+
+    def fresh(state_dict=None, opt_state=None, hook_state=None):
+        model = mlp()
+        if state_dict is not None:
+            model.load_state_dict(state_dict)
+        ddp = DDP(model)
+        hs = Int8HookState(seed=5, chunk_size=64).bind(model)
+        if hook_state is not None:
+            hs.load_state_dict(hook_state)
+        ddp.register_comm_hook(hs, int8_allreduce_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        if opt_state is not None:
+            opt.load_state_dict(opt_state)
+        return model, ddp, hs, opt
+
+    def run(ddp, opt, n):
+        for _ in range(n):
+            opt.zero_grad()
+            nn.functional.mse_loss(ddp(xs), ys).backward()
+            opt.step()
+
+    m1, d1, _, o1 = fresh()
+    run(d1, o1, steps)
+    m2, d2, h2, o2 = fresh()
+    run(d2, o2, cut)
+    saved = (copy.deepcopy(m2.state_dict()), copy.deepcopy(o2.state_dict()), h2.state_dict())
+    residual_norm = sum(float(r.abs().sum()) for r in h2.residuals.values())
+    m3, d3, _, o3 = fresh(*saved)
+    run(d3, o3, steps - cut)
+    m4, d4, _, o4 = fresh(saved[0], saved[1], None)  # residuals dropped: not equal
+    run(d4, o4, steps - cut)
+    return {"exact": max_param_diff(m1, m3), "without_residuals": max_param_diff(m1, m4),
+            "residual_norm": residual_norm, "keys": sorted(saved[2]["residuals"])}

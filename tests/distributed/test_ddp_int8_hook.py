@@ -25,6 +25,9 @@ SCENARIOS = [
     ("finite_plain", "worker_all_ranks_finite_plain", ()),
     ("skip_allgather", "worker_skip_nonfinite", (6, 2, "allgather")),
     ("skip_allreduce", "worker_skip_nonfinite", (6, 2, "allreduce")),
+    ("sync_bn", "worker_sync_bn", (4, "fp32")),
+    ("sync_bn_int8", "worker_sync_bn", (4, "int8")),
+    ("hook_resume", "worker_hook_state_resume", (12, 5)),
 ]
 
 
@@ -115,3 +118,40 @@ def test_dead_rank_fails_peer_within_timeout(tmp_path):
     res = recs[0]["result"]
     assert res["error"] is not None, "the surviving rank completed collectives with a dead peer"
     assert res["elapsed"] < pg_timeout + 2.0
+
+
+@pytest.mark.parametrize("name", ["sync_bn", "sync_bn_int8"])
+def test_sync_batchnorm_matches_single_process_on_global_batch(runs, name):
+    # CPUSyncBatchNorm: statistics over both ranks' shards = one process with plain BN on the global
+    # batch; also under inttrain's int8 layers (QConv2d/QLinear feed the synced BN).
+    for res in results(runs, name):
+        assert res["converted"] == 2 and res["is_sync"] and res["same_keys"]
+        assert "CPUSyncBatchNorm" in res["kinds"]
+        assert res["stats_vs_rank0"] == 0.0  # identical on every rank
+        # int8 layers quantize per tensor: a shard's amax differs from the global batch's, so the int8
+        # case is close (measured: stats 6e-3, weights ~1e-2), not float-rounding equal
+        tol = 1e-5 if name == "sync_bn" else 0.05
+        assert res["stats_vs_single"] <= tol * max(1.0, res["stats_scale"])
+        assert res["param_diff"] <= 10 * tol and res["eval_diff"] <= 100 * tol
+
+
+def test_int8_hook_state_resumes_bit_exact(runs):
+    for res in results(runs, "hook_resume"):
+        assert res["keys"] == ["0.bias", "0.weight", "2.bias", "2.weight"]
+        assert res["residual_norm"] > 0
+        assert res["exact"] == 0.0  # weights, optimizer and per-rank residuals restored: identical
+        assert res["without_residuals"] > 0.0
+
+
+def test_sync_bn_refuses_range_and_quant_batchnorm():
+    from torch import nn
+
+    from inttrain.distributed.sync_bn import convert_sync_batchnorm_
+    from inttrain.nn.quant_bn import QuantBatchNorm2d
+    from inttrain.nn.range_bn import RangeBatchNorm2d
+
+    for bn in (RangeBatchNorm2d(4), QuantBatchNorm2d(4)):
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), bn, nn.ReLU())
+        with pytest.raises(ValueError, match=r"1 \((RangeBatchNorm2d|QuantBatchNorm2d)\) cannot be synchronized"):
+            convert_sync_batchnorm_(model)
+        assert type(model[1]) is type(bn)  # nothing converted

@@ -8,6 +8,16 @@ every rank takes (or skips) the same steps.
 The global batch is the configured ``batch_size``; rank ``r`` of ``W`` takes rows
 ``[r * batch_size / W, (r + 1) * batch_size / W)`` of it, so with the same seed the data order,
 the steps per epoch and the checkpoints are those of a single-process run with the same batch size.
+
+Checkpoints of the int8 hook carry every rank's error-feedback residuals (``state["comm"]``,
+gathered to rank 0 when ``last`` is saved); a resume on the same number of processes gives each
+rank its own back, so an interrupted run (``torchrun --max-restarts``, ``--max-restarts``) ends
+bit-identical to an uninterrupted one. ``sync_bn`` converts plain BatchNorm layers to
+:class:`~inttrain.distributed.sync_bn.CPUSyncBatchNorm` (statistics over the global batch).
+
+Testing hook: ``INTTRAIN_FAULT_STEP=k`` makes rank ``INTTRAIN_FAULT_RANK`` (default 1) exit
+(``INTTRAIN_FAULT_MODE=exit``, code 17) or hang (``hang``) right after step ``k``, on the first
+attempt only (``TORCHELASTIC_RESTART_COUNT`` unset or 0).
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ class DataParallel:
     seed: int = 0
     process_group: Any = None
     hook_state: Any = field(default=None, repr=False)
+    sync_bn: bool = False
 
     def __post_init__(self) -> None:
         if self.comm not in COMM_MODES:
@@ -62,9 +73,13 @@ class DataParallel:
 
         from .hooks import FP32HookState, Int8HookState, fp32_allreduce_hook, int8_allreduce_hook
 
+        if self.sync_bn:
+            from .sync_bn import convert_sync_batchnorm_
+
+            convert_sync_batchnorm_(model, self.process_group)
         ddp = DDP(model, process_group=self.process_group)
         if self.comm == "int8":
-            self.hook_state = Int8HookState(process_group=self.process_group, seed=self.seed)
+            self.hook_state = Int8HookState(process_group=self.process_group, seed=self.seed).bind(model)
             ddp.register_comm_hook(self.hook_state, int8_allreduce_hook)
         else:
             self.hook_state = FP32HookState(process_group=self.process_group)
@@ -97,3 +112,80 @@ class DataParallel:
         from .hooks import all_ranks_finite
 
         return all_ranks_finite(model, self.process_group)
+
+    # ------------------------------------------------------------------ checkpoints and restarts
+    def comm_state(self) -> dict[str, Any] | None:
+        """Every rank's hook state, gathered on all ranks (a collective: call it on every rank).
+
+        None for fp32 (nothing to keep); for int8 ``{"comm", "world", "ranks": [state per rank]}``.
+        """
+        if self.comm != "int8" or self.hook_state is None:
+            return None
+        mine = self.hook_state.state_dict()
+        ranks: list[Any] = [None] * self.world
+        dist.all_gather_object(ranks, mine, group=self.process_group)
+        return {"comm": self.comm, "world": self.world, "ranks": ranks}
+
+    def load_comm_state(self, saved: dict[str, Any] | None) -> str:
+        """Give this rank its saved hook state back; returns a line for the log ("" if nothing to say)."""
+        if self.comm != "int8" or self.hook_state is None:
+            return ""
+        if not saved or saved.get("comm") != "int8":
+            return "int8 communication: no saved residuals in the checkpoint; error feedback starts at zero"
+        if int(saved["world"]) != self.world:
+            return (f"int8 communication: checkpoint residuals are from {saved['world']} processes, this run has "
+                    f"{self.world}; error feedback starts at zero")
+        self.hook_state.load_state_dict(saved["ranks"][self.rank])
+        return f"int8 communication: restored the error-feedback residuals of {self.world} ranks"
+
+    def wrap_hooks(self, hooks: Any) -> Any:
+        """The loop's hooks with the comm state added to ``last`` checkpoints (and the fault-injection hook)."""
+        return _RankHooks(hooks, self)
+
+    def fault_point(self, step: int) -> None:
+        """The ``INTTRAIN_FAULT_*`` testing hook (see module doc); a no-op unless those are set."""
+        want = os.environ.get("INTTRAIN_FAULT_STEP")
+        if not want or int(want) != step or int(os.environ.get("INTTRAIN_FAULT_RANK", "1")) != self.rank:
+            return
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+            return
+        import sys
+        import time
+
+        mode = os.environ.get("INTTRAIN_FAULT_MODE", "exit")
+        print(f"rank {self.rank}: INTTRAIN_FAULT_STEP={step}: injected fault ({mode})", file=sys.stderr, flush=True)
+        if mode == "hang":
+            while True:
+                time.sleep(3600)
+        os._exit(17)
+
+
+class _RankHooks:
+    """Delegates to the run's hooks; ``save("last")`` first gathers the comm state (on every rank)."""
+
+    def __init__(self, inner: Any, dp: DataParallel) -> None:
+        self.inner, self.dp = inner, dp
+
+    def on_step(self, state: Any, loss: Any, lr: float, seconds: float) -> None:
+        self.inner.on_step(state, loss, lr, seconds)
+        self.dp.fault_point(state.step)
+
+    def on_epoch(self, *args: Any) -> None:
+        self.inner.on_epoch(*args)
+
+    def should_stop(self) -> bool:
+        return self.inner.should_stop()
+
+    def save(self, name: str, snapshot: Any) -> None:
+        # "last" is saved at the same step on every rank (epoch end, --save-every, agreed stop), so the
+        # gather is safe there; "best" may differ between ranks (per-rank BN statistics) and is never resumed.
+        if name != "last":
+            self.inner.save(name, snapshot)
+            return
+        comm = self.dp.comm_state()
+
+        def with_comm() -> Any:
+            weights, state = snapshot()
+            return weights, ({**state, "comm": comm} if comm is not None else state)
+
+        self.inner.save(name, with_comm)

@@ -31,6 +31,7 @@ import torch.distributed as dist
 __all__ = ["Int8HookState", "int8_allreduce_hook", "fp32_allreduce_hook", "all_ranks_finite", "FP32HookState"]
 
 _QMAX = 127
+_MIN_AMAX = torch.finfo(torch.float32).tiny * 2 * _QMAX
 _MIX = 0x9E3779B97F4A7C15
 _MASK = (1 << 63) - 1
 
@@ -61,6 +62,9 @@ class Int8HookState:
             per-element error of the averaged gradient is below ``2 * scale`` with error feedback
             (this step's rounding plus last step's residual), below ``scale`` without.
         skipped_steps: steps where some chunk's agreed scale was non-finite.
+        residuals: the error-feedback residual per parameter (keyed by parameter name after
+            :meth:`bind`, else by a per-process id), so it survives DDP's bucket rebuild and can be
+            checkpointed (:meth:`state_dict` / :meth:`load_state_dict`, one per rank).
     """
 
     process_group: dist.ProcessGroup | None = None
@@ -73,8 +77,9 @@ class Int8HookState:
     fp32_bytes_per_step: list[int] = field(default_factory=list)
     skipped_steps: list[int] = field(default_factory=list)
     max_scale_per_step: list[float] = field(default_factory=list)
-    residuals: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    _bucket_keys: dict[int, tuple] = field(default_factory=dict, repr=False)
+    residuals: dict = field(default_factory=dict, repr=False)
+    param_names: dict[int, str] = field(default_factory=dict, repr=False)
+    _param_order: dict[str, int] = field(default_factory=dict, repr=False)
     _bytes: int = 0
     _fp32_bytes: int = 0
     _nonfinite: bool = False
@@ -85,6 +90,30 @@ class Int8HookState:
             raise ValueError(f"mode must be 'allgather' or 'allreduce', got {self.mode!r}")
         if self.chunk_size <= 0:
             raise ValueError("chunk_size must be positive")
+
+    def bind(self, model: torch.nn.Module) -> "Int8HookState":
+        """Name the residuals by ``model``'s parameter names (needed for :meth:`state_dict`)."""
+        named = list(model.named_parameters())
+        self.param_names = {id(p): name for name, p in named}
+        self._param_order = {name: i for i, (name, _) in enumerate(named)}
+        return self
+
+    def state_dict(self) -> dict:
+        """This rank's hook state: step counter and residuals by parameter name (plain containers).
+
+        Residuals differ per rank: save one per rank and give each rank its own back.
+        """
+        named = {k: v.detach().clone() for k, v in self.residuals.items() if isinstance(k, str)}
+        if len(named) != len(self.residuals):
+            raise ValueError("Int8HookState.state_dict needs parameter names: call state.bind(model) first")
+        return {"step": self.step, "skipped_steps": list(self.skipped_steps), "seed": self.seed,
+                "chunk_size": self.chunk_size, "mode": self.mode, "residuals": named}
+
+    def load_state_dict(self, d: dict) -> None:
+        """Restore :meth:`state_dict` (step counter and residuals; the next step continues exactly)."""
+        self.step = int(d["step"])
+        self.skipped_steps = list(d.get("skipped_steps", []))
+        self.residuals = {k: v.detach().clone().float() for k, v in d.get("residuals", {}).items()}
 
     @property
     def last_bytes(self) -> int:
@@ -104,14 +133,37 @@ class Int8HookState:
         self.step += 1
 
 
-def _residual_for(state: Int8HookState, bucket: dist.GradBucket, flat: torch.Tensor) -> torch.Tensor | None:
-    # DDP rebuilds its buckets after the first iteration: a residual only applies to the same parameters.
-    idx = bucket.index()
-    key = (flat.numel(), tuple(id(p) for p in bucket.parameters()))
-    if state._bucket_keys.get(idx) != key:
-        state._bucket_keys[idx] = key
-        state.residuals.pop(idx, None)
-    return state.residuals.get(idx)
+def _segments(state: Int8HookState, bucket: dist.GradBucket, n: int, cs: int):
+    """The bucket as chunk-aligned segments, independent of DDP's bucket layout where possible.
+
+    Returns (segments, pos, padded): ``segments`` = [(residual key, seed index, start, size)] in the
+    order they are quantized (a segment starts at a chunk boundary, so no chunk spans two segments),
+    ``pos[i]`` = where element ``i`` of the flat bucket goes in the padded vector of length ``padded``.
+    With parameter names (:meth:`Int8HookState.bind`), every parameter is its own segment, in the
+    model's parameter order and seeded by its index: the same gradients give the same codes however
+    DDP groups and orders them (its first-iteration buckets, the rebuilt ones, a resumed run's).
+    Otherwise the bucket is one segment (seeded by the bucket index).
+    """
+    params = bucket.parameters()
+    sizes = [p.numel() for p in params]
+    order = state._param_order
+    if not state.param_names or sum(sizes) != n or any(state.param_names.get(id(p)) not in order for p in params):
+        padded = (n + cs - 1) // cs * cs
+        return [(("bucket", bucket.index(), n), bucket.index(), 0, n)], None, padded
+    offsets = [0]
+    for size in sizes[:-1]:
+        offsets.append(offsets[-1] + size)
+    entries = sorted(((order[state.param_names[id(p)]], state.param_names[id(p)], off, size)
+                      for p, off, size in zip(params, offsets, sizes)))
+    segments, pieces, start = [], [], 0
+    for index, name, off, size in entries:
+        segments.append((name, (1 << 32) + index, start, size))
+        pieces.append((off, start, size))
+        start += (size + cs - 1) // cs * cs
+    pos = torch.empty(n, dtype=torch.long)
+    for off, st, size in pieces:
+        pos[off:off + size] = torch.arange(st, st + size)
+    return segments, pos, start
 
 
 def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -122,13 +174,25 @@ def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.
     buf = bucket.buffer()
     n = buf.numel()
     cs = state.chunk_size
-    nchunks = (n + cs - 1) // cs
-    padded = nchunks * cs
+    segments, pos, padded = _segments(state, bucket, n, cs)
+    nchunks = padded // cs
+    if pos is not None:
+        pos = pos.to(buf.device)
 
     x = torch.zeros(padded, dtype=torch.float32, device=buf.device)
-    x[:n] = buf.reshape(-1)
-    residual = _residual_for(state, bucket, x) if state.error_feedback else None
-    if residual is not None:
+    if pos is None:
+        x[:n] = buf.reshape(-1)
+    else:
+        x[pos] = buf.reshape(-1).float()
+    residual = None
+    if state.error_feedback and any(key in state.residuals for key, _, _, _ in segments):
+        # Residuals are kept per parameter (per bucket without names), so they survive DDP's bucket
+        # rebuild after the first iteration and a resume (whose first buckets are the initial ones).
+        residual = torch.zeros(padded, dtype=torch.float32, device=buf.device)
+        for key, _, st, size in segments:
+            r = state.residuals.get(key)
+            if r is not None and r.numel() == size:
+                residual[st:st + size] = r.reshape(-1).to(buf.device)
         x += residual
     xc = x.view(nchunks, cs)
 
@@ -137,14 +201,20 @@ def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.
     amax = torch.nan_to_num(amax, nan=float("inf"), posinf=float("inf"))
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     finite = torch.isfinite(amax)
-    safe_amax = torch.where(finite & (amax > 0), amax, torch.ones_like(amax))
+    # amax / 127 must be a normal float: a chunk of denormal gradients would get scale 0 (0/0 = NaN codes);
+    # such chunks quantize with scale 1/127, i.e. to (almost always) zero codes, and keep their value as residual.
+    safe_amax = torch.where(finite & (amax > _MIN_AMAX), amax, torch.ones_like(amax))
     scale = (safe_amax / _QMAX).unsqueeze(1)
     state._max_scale = max(state._max_scale, float(torch.where(finite, amax, 0).max()) / _QMAX)
 
     # 2) stochastic rounding to int8 codes with explicit, seeded randomness
     gen = torch.Generator(device=buf.device)
-    gen.manual_seed(_seed_for(state.seed, rank, state.step, bucket.index()))
-    noise = torch.rand(xc.shape, generator=gen, device=buf.device, dtype=torch.float32)
+    noise = torch.empty(padded, dtype=torch.float32, device=buf.device)
+    for i, (_, seed_index, st, size) in enumerate(segments):
+        end = segments[i + 1][2] if i + 1 < len(segments) else padded
+        gen.manual_seed(_seed_for(state.seed, rank, state.step, seed_index))
+        noise[st:end] = torch.rand(end - st, generator=gen, device=buf.device, dtype=torch.float32)
+    noise = noise.view(nchunks, cs)
     xs = torch.where(finite.unsqueeze(1), xc / scale, torch.zeros_like(xc))
     codes = torch.floor(xs + noise).clamp_(-_QMAX, _QMAX)
 
@@ -154,11 +224,14 @@ def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.
             new_res = torch.where(finite.unsqueeze(1), new_res, residual.view(nchunks, cs))
         elif not bool(finite.all()):
             new_res = torch.where(finite.unsqueeze(1), new_res, torch.zeros_like(new_res))
-        state.residuals[bucket.index()] = new_res.reshape(-1)
+        flat_res = new_res.reshape(-1)
+        for key, _, st, size in segments:
+            state.residuals[key] = flat_res[st:st + size].clone()
     if not bool(finite.all()):
         state._nonfinite = True
 
-    codes8 = codes.to(torch.int8).reshape(-1)[:n]  # the padding of the last chunk is not sent
+    flat_codes = codes.to(torch.int8).reshape(-1)
+    codes8 = flat_codes[:n] if pos is None else flat_codes[pos]  # padding is not sent; bucket order
     state._bytes += amax.numel() * amax.element_size()
     state._fp32_bytes += n * 4
 
@@ -169,11 +242,9 @@ def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.
         state._bytes += codes8.numel() * codes8.element_size()
 
         def _sum(_fut: torch.futures.Future) -> torch.Tensor:
-            total = torch.zeros(padded, dtype=torch.int32, device=buf.device)
-            head = total[:n]
-            head.copy_(gathered[0])  # widen once, then add the other ranks' int8 codes in place
+            total = gathered[0].to(torch.int32)  # widen once, then add the other ranks' int8 codes in place
             for g in gathered[1:]:
-                head.add_(g)
+                total.add_(g)
             return total
 
         summed = work.get_future().then(_sum)
@@ -182,24 +253,25 @@ def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.
         work = dist.all_reduce(wide, group=group, async_op=True)
         state._bytes += wide.numel() * wide.element_size()
 
-        def _pad(_fut: torch.futures.Future) -> torch.Tensor:
-            total = torch.zeros(padded, dtype=torch.int32, device=buf.device)
-            total[:n] = wide
-            return total
-
-        summed = work.get_future().then(_pad)
+        summed = work.get_future().then(lambda _fut: wide)
 
     state._end_bucket(bucket.is_last())
     nan_rows = ~finite
 
     def _decode(fut: torch.futures.Future) -> torch.Tensor:
-        total = fut.value()
-        if isinstance(total, list):
-            total = total[0]
+        summed_codes = fut.value()  # int32 sums in bucket order (n elements)
+        if isinstance(summed_codes, list):
+            summed_codes = summed_codes[0]
+        total = torch.zeros(padded, dtype=torch.int32, device=buf.device)
+        if pos is None:
+            total[:n] = summed_codes
+        else:
+            total[pos] = summed_codes
         out = total.view(nchunks, cs).to(torch.float32) * (scale / world)
         if bool(nan_rows.any()):
             out[nan_rows] = float("nan")
-        return out.reshape(-1)[:n].to(buf.dtype).view_as(buf)
+        flat = out.reshape(-1)
+        return (flat[:n] if pos is None else flat[pos]).to(buf.dtype).view_as(buf)
 
     return summed.then(_decode)
 

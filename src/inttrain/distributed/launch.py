@@ -27,15 +27,43 @@ __all__ = ["launch_local"]
 
 
 def launch_local(args: list[str], nproc: int, timeout_s: float, echo: Callable[[str], Any] = print,
-                 threads_per_rank: int | None = None) -> int:
-    """Run ``python -m inttrain *args`` as ranks 0..nproc-1; return the exit code for the whole run."""
+                 threads_per_rank: int | None = None, max_restarts: int = 0) -> int:
+    """Run ``python -m inttrain *args`` as ranks 0..nproc-1; return the exit code for the whole run.
+
+    ``max_restarts``: after a rank fails, stop the others at once and start all ranks again (with
+    ``TORCHELASTIC_RESTART_COUNT`` = 1, 2, ..., as torchrun's agent does), at most this many times;
+    ``inttrain train`` then resumes from the run folder's ``checkpoints/last``.
+    """
+    restart = 0
+    while True:
+        failure, killed, code0, signaled = _attempt(args, nproc, timeout_s, threads_per_rank, restart,
+                                                    kill_at_once=restart < max_restarts)
+        if failure is None:
+            return code0
+        rank, code = failure
+        if restart < max_restarts and not signaled:
+            restart += 1
+            echo(f"error: rank {rank} of {nproc} failed (exit code {code}); restarting all ranks "
+                 f"(restart {restart} of {max_restarts})")
+            continue
+        echo(f"error: rank {rank} of {nproc} failed (exit code {code}); the run stopped"
+             + (f"; killed ranks {killed} still running {timeout_s + 10:.0f}s later" if killed else ""))
+        return code if 0 < code < 128 else 1
+
+
+def _attempt(args: list[str], nproc: int, timeout_s: float, threads_per_rank: int | None, restart: int,
+             kill_at_once: bool) -> tuple[tuple[int, int] | None, list[int], int, bool]:
+    """One attempt: (first failure (rank, code) or None, ranks killed past the deadline, rank 0's exit code,
+    whether a signal was forwarded)."""
     import torch.distributed as dist
 
+    # A new store per attempt (as torchrun's agent does): no keys left over from the failed one.
     store = dist.TCPStore("127.0.0.1", 0, world_size=nproc, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout_s))
     base = dict(os.environ)
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nproc),
-                LOCAL_WORLD_SIZE=str(nproc), TORCHELASTIC_USE_AGENT_STORE="True")
+                LOCAL_WORLD_SIZE=str(nproc), TORCHELASTIC_USE_AGENT_STORE="True",
+                TORCHELASTIC_RESTART_COUNT=str(restart))
     base.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if threads_per_rank is not None:
         base["INTTRAIN_THREADS_PER_RANK"] = str(threads_per_rank)
@@ -49,12 +77,12 @@ def launch_local(args: list[str], nproc: int, timeout_s: float, echo: Callable[[
                 p.send_signal(signal.SIGTERM)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    killed: list[int] = []
+    first_failure: tuple[int, int, float] | None = None  # (rank, code, time)
     try:
         for r in range(nproc):
             env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
             procs.append(subprocess.Popen([sys.executable, "-m", "inttrain", *args], env=env))
-        first_failure: tuple[int, int, float] | None = None  # (rank, code, time)
-        killed: list[int] = []
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
@@ -63,11 +91,12 @@ def launch_local(args: list[str], nproc: int, timeout_s: float, echo: Callable[[
                 bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0) and not _by_signal(c, got)]
                 if bad:
                     first_failure = (*bad[0], time.monotonic())
-            elif time.monotonic() - first_failure[2] > timeout_s + 10:
+            if first_failure is not None and (kill_at_once or time.monotonic() - first_failure[2] > timeout_s + 10):
                 for r, p in enumerate(procs):
                     if p.poll() is None:
                         p.kill()
-                        killed.append(r)
+                        if not kill_at_once:
+                            killed.append(r)
                 for p in procs:
                     p.wait(10)
                 break
@@ -84,12 +113,8 @@ def launch_local(args: list[str], nproc: int, timeout_s: float, echo: Callable[[
     if first_failure is None:
         bad = [(r, c) for r, c in enumerate(codes) if c != 0 and not _by_signal(c, got)]
         first_failure = (*bad[0], 0.0) if bad else None
-    if first_failure is not None:
-        rank, code, _ = first_failure
-        echo(f"error: rank {rank} of {nproc} failed (exit code {code}); the run stopped"
-             + (f"; killed ranks {killed} still running {timeout_s + 10:.0f}s later" if killed else ""))
-        return code if 0 < code < 128 else 1
-    return codes[0]
+    failure = None if first_failure is None else (first_failure[0], first_failure[1])
+    return failure, killed, codes[0], bool(got)
 
 
 def _by_signal(code: int, got: list[int]) -> bool:
