@@ -56,13 +56,18 @@ def _unsupported_reason(module: nn.Module) -> str | None:
     return "not a Linear/Conv2d"
 
 
-def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: FilterFn | None = None) -> nn.Module:
+def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: FilterFn | None = None,
+             dataflow: bool = False) -> nn.Module:
     """Convert every ``nn.Linear`` / ``nn.Conv2d`` of ``model`` to its integer-training layer, in place.
 
     Args:
         model: any module (the root itself may be a Linear/Conv2d).
         config: a recipe config object or a name such as ``"int8"`` (see :func:`recipe_names`).
         filter_fn: ``(module, fully_qualified_name) -> bool``; layers for which it returns False stay float.
+        dataflow: integer convolutions hand their outputs on as int8 ``QActivation`` tensors, and the ops
+            after them (batch norm, ReLU, pooling, flatten, dropout, the residual add) run on int8 and
+            save int8 for backward; an op without an int8 version runs in float on the dequantized
+            values and is logged once (see :mod:`inttrain.autograd.dataflow`).
 
     Layers the kernels cannot serve (string padding, non-zero padding modes, Linear/Conv2d subclasses)
     stay in float and are logged on the ``inttrain`` logger.  Parameters are not copied: optimizers
@@ -93,6 +98,8 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
             continue
         layer_cls = QLinear if type(module) is nn.Linear else QConv2d
         layer_cls.convert(module, precision, seed=cfg.seed, layer_id=layer_id)
+        if dataflow and layer_cls is QConv2d:
+            module.dataflow = True
         hooks = cfg.hooks_for(module, fqn)
         if hooks is not None:
             module.hooks = hooks

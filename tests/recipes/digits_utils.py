@@ -32,13 +32,15 @@ def cnn(bn=nn.BatchNorm2d):
     )
 
 
-def train(make_model, recipe, image: bool, epochs: int, lr: float, make_optimizer=None, after_backward=None) -> float:
+def train(make_model, recipe, image: bool, epochs: int, lr: float, make_optimizer=None, after_backward=None,
+          dataflow: bool = False) -> float:
     """Validation accuracy (%) after ``epochs`` of SGD+momentum; ``make_optimizer(model, lr)`` may replace SGD,
-    ``after_backward(model, optimizer)`` runs between backward and step (e.g. an LR hook)."""
+    ``after_backward(model, optimizer)`` runs between backward and step (e.g. an LR hook); ``dataflow`` passes
+    int8 activations between layers (``prepare_(..., dataflow=True)``)."""
     (xtr, ytr), (xva, yva) = digits(image)
     torch.manual_seed(0)
     model = make_model()
-    inttrain.prepare_(model, recipe)
+    inttrain.prepare_(model, recipe, dataflow=dataflow)
     opt = make_optimizer(model, lr) if make_optimizer else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     order = torch.Generator().manual_seed(1)
     for _ in range(epochs):

@@ -24,6 +24,7 @@ from ..kernels.conv import ConvGeometry
 from ..kernels.fused import quantize_matrix
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
+from .qactivation import QActivation, quantize_activation
 
 __all__ = ["int_conv2d", "ConvGeometry", "check_conv_precision"]
 
@@ -82,23 +83,39 @@ def _quantize_weight(w: torch.Tensor, spec: QuantSpec, seed: int, per_input_chan
     return codes.reshape(w.shape), scale.reshape(-1)
 
 
+def _usable_codes(x, fwd) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (uint8 codes, scale) of an int8 input the forward GEMM can take unchanged, else None."""
+    if not isinstance(x, QActivation) or not fwd.integer or x.per_channel or x.zero_point != 128:
+        return None
+    if x.bits != fwd.lhs.fmt.bits or not fwd.lhs.fmt.signed or not fwd.lhs.fmt.symmetric:
+        return None
+    return x.codes.contiguous(memory_format=_CL), x.scale
+
+
 def _non_finite_grads(ctx, weight: torch.Tensor):
     """NaN gradients for every input that wants one (propagated, not raised: see ``linear.py``)."""
     nan = float("nan")
     dx = torch.full(ctx.x_shape, nan, dtype=ctx.x_dtype) if ctx.needs_input_grad[0] else None
     db = torch.full((weight.shape[0],), nan, dtype=weight.dtype) if ctx.has_bias else None
-    return dx, torch.full_like(weight, nan), db, None, None, None, None
+    return dx, torch.full_like(weight, nan), db, None, None, None, None, None
 
 
 class _IntConv2dFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, geom: ConvGeometry, prec: LayerPrecision, seeds: tuple[int, int, int],
-                grad_hook=None):
+                grad_hook=None, emit_int8: bool = False):
         fwd, gw = prec.forward, prec.grad_weight
-        xf = x.to(torch.float32)
+        # Dataflow: an int8 input whose format the forward GEMM takes as it is skips the quantize pass.
+        x_codes = _usable_codes(x, fwd)
+        xf = None
+        if x_codes is None:
+            xf = x.dequantize() if isinstance(x, QActivation) else x.to(torch.float32)
         if fwd.integer:
-            qx, sx = _quantize_activation(xf, fwd.lhs, seeds[0], zero_point=128)  # uint8 q + 128
-            check_finite(sx, "conv2d input")
+            if x_codes is not None:
+                qx, sx = x_codes
+            else:
+                qx, sx = _quantize_activation(xf, fwd.lhs, seeds[0], zero_point=128)  # uint8 q + 128
+                check_finite(sx, "conv2d input")
             qw, sw = _quantize_weight(weight, fwd.rhs, seeds[0] ^ 0x5BD1E995, False, geom.groups)
             check_finite(sw, "conv2d weight")
             y = conv_kernels.conv2d_forward_u8(qx, sx, qw, sw, geom)
@@ -106,18 +123,27 @@ class _IntConv2dFn(torch.autograd.Function):
             y = F.conv2d(xf, weight.float(), None, geom.stride, geom.padding, geom.dilation, geom.groups)
         if bias is not None:
             y = y + bias.float().reshape(1, -1, 1, 1)
+        ctx.x_is_codes = False
         if not ctx.needs_input_grad[1]:  # inference / frozen weight: no dW, nothing to keep
             ctx.save_for_backward(weight)
+        elif x_codes is not None and (not gw.integer or gw.rhs.fmt.bits == x.bits):
+            # the int8 input *is* the activation: dW uses its codes (dequantized if dW runs in float)
+            ctx.save_for_backward(weight, *x_codes)
+            ctx.x_is_codes = True
         elif gw.integer:
-            if fwd.integer and gw.rhs == fwd.lhs and gw.rhs.rounding is Rounding.NEAREST_EVEN:
+            if fwd.integer and x_codes is None and gw.rhs == fwd.lhs and gw.rhs.rounding is Rounding.NEAREST_EVEN:
                 qx_gw, sx_gw = qx, sx  # same spec, deterministic rounding: reuse the forward (uint8) codes
             else:
+                if xf is None:
+                    xf = x.dequantize()
                 qx_gw, sx_gw = _quantize_activation(xf, gw.rhs, seeds[2] ^ 0x5BD1E995)
             ctx.save_for_backward(weight, qx_gw, sx_gw)
         else:
             ctx.save_for_backward(weight, xf)
         ctx.geom, ctx.prec, ctx.seeds, ctx.has_bias, ctx.grad_hook = geom, prec, seeds, bias is not None, grad_hook
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        if emit_int8:  # hand the next op int8 codes, one scale per channel (what batch norm normalises by)
+            return quantize_activation(y, per_channel=True, name="conv2d output")
         return y.to(x.dtype)
 
     @staticmethod
@@ -150,22 +176,26 @@ class _IntConv2dFn(torch.autograd.Function):
                     return _non_finite_grads(ctx, weight)
                 dw = conv_kernels.conv2d_weight_grad(qg, sg, qx, sx, tuple(weight.shape), geom)
             else:
-                dw = torch.nn.grad.conv2d_weight(saved[0], weight.shape, dyf, geom.stride, geom.padding,
+                xf = QActivation(*saved).dequantize() if ctx.x_is_codes else saved[0]
+                dw = torch.nn.grad.conv2d_weight(xf, weight.shape, dyf, geom.stride, geom.padding,
                                                  geom.dilation, geom.groups)
             dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dyf.sum((0, 2, 3)).to(weight.dtype)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 def int_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geom: ConvGeometry,
-               prec: LayerPrecision, seeds: tuple[int, int, int] = (0, 0, 0), grad_hook=None) -> torch.Tensor:
+               prec: LayerPrecision, seeds: tuple[int, int, int] = (0, 0, 0), grad_hook=None,
+               emit_int8: bool = False) -> torch.Tensor:
     """``F.conv2d`` with all three convolutions in integer arithmetic as configured by ``prec``.
 
     ``grad_hook(dy, seed) -> dy``, if given, transforms the float output gradient before it is quantized.
+    ``x`` may be a :class:`QActivation` (its codes are used as they are when the forward GEMM's format
+    allows); ``emit_int8=True`` returns the output as a per-channel int8 QActivation (dataflow).
     """
     if x.dim() != 4:
         raise ValueError(f"conv2d expects a 4-D NCHW input, got shape {tuple(x.shape)}")
     if x.shape[1] != weight.shape[1] * geom.groups:
         raise ValueError(f"conv2d input has {x.shape[1]} channels, the layer expects {weight.shape[1] * geom.groups}")
-    return _IntConv2dFn.apply(x, weight, bias, geom, prec, seeds, grad_hook)
+    return _IntConv2dFn.apply(x, weight, bias, geom, prec, seeds, grad_hook, emit_int8)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..autograd import int_linear
+from ..autograd.qactivation import dequantize_if_quantized
 from ..numerics.hashing import mix_seed
 from ..spec import LayerPrecision
 
@@ -35,6 +36,8 @@ class IntLayerMixin:
     seed: int
     layer_id: int
     calls: int
+    #: Dataflow (set by ``prepare_(..., dataflow=True)``): conv outputs leave as int8 QActivations.
+    dataflow: bool = False
 
     @classmethod
     def convert(cls, module: nn.Module, precision: LayerPrecision, seed: int = 0, layer_id: int = 0):
@@ -74,6 +77,7 @@ class QLinear(IntLayerMixin, nn.Linear):
     float_class = nn.Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = dequantize_if_quantized(x)  # the head of a CNN: tiny, so the int8 input is simply dequantized
         x, w, hook = _apply_hooks(self, x)
         return int_linear(x, w, self.bias, self.precision, self._next_seeds(), grad_hook=hook)
 
@@ -97,13 +101,14 @@ class QConv2d(IntLayerMixin, nn.Conv2d):
 
         geom = ConvGeometry(tuple(self.stride), tuple(self.padding), tuple(self.dilation), self.groups)
         x, w, hook = _apply_hooks(self, x)
-        return int_conv2d(x, w, self.bias, geom, self.precision, self._next_seeds(), grad_hook=hook)
+        return int_conv2d(x, w, self.bias, geom, self.precision, self._next_seeds(), grad_hook=hook,
+                          emit_int8=self.dataflow)
 
 
 def restore_module(module: nn.Module) -> nn.Module:
     """Switch an integer layer back to its plain torch class (in place)."""
     if isinstance(module, IntLayerMixin):
         module.__class__ = module.float_class
-        for attr in ("precision", "seed", "layer_id", "calls", "hooks"):
+        for attr in ("precision", "seed", "layer_id", "calls", "hooks", "dataflow"):
             module.__dict__.pop(attr, None)
     return module

@@ -1,0 +1,350 @@
+"""Int8-in / int8-out versions of the ops between integer layers, each an autograd Function.
+
+Every op reads the codes of a :class:`~inttrain.autograd.qactivation.QActivation`, returns a
+QActivation, and saves only int8 codes (or a 1-byte mask) for backward.  Gradients between layers
+stay float32 (autograd sums them where branches meet); each integer layer quantizes the gradient it
+consumes for its own GEMMs.
+
+Exactness (value = scale * code):
+    relu, max_pool2d, flatten, dropout   exact: the same codes (dropout divides the scale by 1 - p)
+    relu6                                the bound 6 is rounded to the code grid: error <= scale / 2
+    avg_pool2d, adaptive_avg_pool2d      the window mean of the codes, rounded half-even: <= scale / 2
+    batch_norm, add                      computed in float on the exact dequantized values, output
+                                         re-quantized per tensor (absmax scale): <= out_scale / 2
+Backward formulas are the float ops' formulas evaluated on the values forward used, so a gradient
+is exact for the quantized forward (batch norm recomputes its normalised input from the saved codes).
+
+The residual add's scale rule: the two operands may carry very different scales (a shortcut and a
+main branch); the sum is formed from both exact values and given a new scale ``amax(sum) / 127``,
+so neither operand is first squeezed onto the other's grid.  In backward the add passes its float
+output gradient to both branches unchanged, and autograd adds the branch gradients in float, so
+the gradient arriving at the block input has no scale to lose.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd import Function
+
+from .qactivation import DEFERRED_OPS, INT8_OPS, DeferredQuant, QActivation, quantize_activation
+
+__all__ = ["to_float", "int8_relu", "int8_add", "int8_batch_norm"]
+
+_CL = torch.channels_last
+
+
+def _codes_like(x: QActivation, codes: torch.Tensor, scale: torch.Tensor | None = None) -> QActivation:
+    return QActivation(codes, x.scale if scale is None else scale, x.zero_point, x.bits)
+
+
+def _code_max(x: QActivation) -> int:
+    return x.zero_point + (1 << (x.bits - 1)) - 1
+
+
+def _code_min(x: QActivation) -> int:
+    return x.zero_point - (1 << (x.bits - 1)) + 1
+
+
+def _empty_like_shape(shape, ref: torch.Tensor) -> torch.Tensor:
+    """An uninitialised float32 tensor: the pooling backward kernels read only its size and layout."""
+    fmt = _CL if len(shape) == 4 else torch.contiguous_format
+    return torch.empty(shape, dtype=torch.float32, device=ref.device, memory_format=fmt)
+
+
+# ----------------------------------------------------------------------------- boundary
+
+
+class _ToFloat(Function):
+    @staticmethod
+    def forward(ctx, x: QActivation):
+        return x.dequantize()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def to_float(x: QActivation) -> torch.Tensor:
+    """The float values of ``x`` as a plain tensor, gradient passed through (a dataflow boundary)."""
+    return _ToFloat.apply(x)
+
+
+# ----------------------------------------------------------------------------- relu / relu6
+
+
+class _ReLU(Function):
+    @staticmethod
+    def forward(ctx, x: QActivation):
+        out = torch.clamp_min(x.codes, x.zero_point)
+        ctx.save_for_backward(out)  # the mask is out > zero point; storage shared with the consumer's save
+        ctx.zp = x.zero_point
+        return _codes_like(x, out)
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_tensors
+        return torch.where(out > ctx.zp, g, 0.0)
+
+
+class _ReLU6(Function):
+    @staticmethod
+    def forward(ctx, x: QActivation):
+        top = torch.clamp(torch.round(6.0 / x.scale_view()) + x.zero_point, max=_code_max(x))
+        out = torch.minimum(torch.clamp_min(x.codes, x.zero_point), top.to(x.codes.dtype))
+        ctx.save_for_backward(x.codes, x.scale)
+        ctx.zp = x.zero_point
+        return _codes_like(x, out)
+
+    @staticmethod
+    def backward(ctx, g):
+        codes, scale = ctx.saved_tensors
+        value = (codes.to(torch.float32) - ctx.zp) * (scale.reshape(1, -1, *([1] * (codes.dim() - 2)))
+                                                      if scale.numel() > 1 else scale)
+        return torch.where((value > 0) & (value < 6), g, 0.0)
+
+
+class _ReLUQuantize(Function):
+    """ReLU of a float (batch-norm) output, quantized after the ReLU: the scale covers only what survives."""
+
+    @staticmethod
+    def forward(ctx, x, bits: int):
+        with torch._C.DisableTorchFunctionSubclass():
+            out = quantize_activation(torch.relu(x), per_channel=False, bits=bits, name="relu output")
+        ctx.save_for_backward(out.codes)
+        ctx.zp = out.zero_point
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (codes,) = ctx.saved_tensors
+        # The float input was > 0 exactly where the output is; values that rounded to code 0 pass no
+        # gradient, as if the ReLU had cut them (they are within half a step of 0).
+        return torch.where(codes > ctx.zp, g, 0.0), None
+
+
+def int8_relu(x: torch.Tensor, inplace: bool = False):
+    if isinstance(x, DeferredQuant):
+        return _ReLUQuantize.apply(x, x.bits)
+    if not isinstance(x, QActivation):
+        return NotImplemented
+    return _ReLU.apply(x)
+
+
+def _relu6(x, inplace: bool = False):
+    if not isinstance(x, QActivation):
+        return NotImplemented
+    return _ReLU6.apply(x)
+
+
+# ----------------------------------------------------------------------------- pooling
+
+
+class _MaxPool2d(Function):
+    @staticmethod
+    def forward(ctx, x: QActivation, kernel_size, stride, padding, dilation, ceil_mode):
+        # uint8 codes are monotonic in the values, so the max (and its position, ties included) is exact.
+        out = F.max_pool2d(x.codes, kernel_size, stride, padding, dilation, ceil_mode)
+        ctx.save_for_backward(x.codes)  # indices recomputed in backward: int64 indices would cost 8 bytes each
+        ctx.args = (kernel_size, stride, padding, dilation, ceil_mode)
+        return _codes_like(x, out)
+
+    @staticmethod
+    def backward(ctx, g):
+        (codes,) = ctx.saved_tensors
+        k, s, p, d, c = ctx.args
+        _, idx = torch.ops.aten.max_pool2d_with_indices(codes, k, s, p, d, c)
+        dx = torch.ops.aten.max_pool2d_with_indices_backward(g, _empty_like_shape(codes.shape, g), k, s, p, d, c, idx)
+        return dx, None, None, None, None, None
+
+
+def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    if not isinstance(x, QActivation) or return_indices or x.dim() != 4:
+        return NotImplemented
+    stride = kernel_size if stride is None or stride == [] else stride
+    return _MaxPool2d.apply(x, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation), ceil_mode)
+
+
+def _pair(v) -> list[int]:
+    return [int(v), int(v)] if isinstance(v, int) else [int(e) for e in v]
+
+
+def _round_codes(mean_codes: torch.Tensor, x: QActivation) -> torch.Tensor:
+    return torch.round(mean_codes).clamp_(_code_min(x), _code_max(x)).to(x.codes.dtype)
+
+
+class _AvgPool2d(Function):
+    @staticmethod
+    def forward(ctx, x: QActivation, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+        # Padding counts as value 0, which is code zero_point: pool the signed codes.
+        signed = x.codes.to(torch.float32) - x.zero_point
+        mean = F.avg_pool2d(signed, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        ctx.args = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        ctx.x_shape = x.shape
+        return _codes_like(x, _round_codes(mean + x.zero_point, x))
+
+    @staticmethod
+    def backward(ctx, g):
+        dx = torch.ops.aten.avg_pool2d_backward(g, _empty_like_shape(ctx.x_shape, g), *ctx.args)
+        return dx, None, None, None, None, None, None
+
+
+def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    if not isinstance(x, QActivation) or x.dim() != 4:
+        return NotImplemented
+    stride = kernel_size if stride is None or stride == [] else stride
+    return _AvgPool2d.apply(x, _pair(kernel_size), _pair(stride), _pair(padding), ceil_mode, count_include_pad,
+                            divisor_override)
+
+
+def _adaptive_avg_pool2d(x, output_size):
+    """Served when the output divides the input (then it is an avg_pool2d with kernel = stride)."""
+    if not isinstance(x, QActivation) or x.dim() != 4:
+        return NotImplemented
+    h, w = x.shape[-2:]
+    oh, ow = _pair(output_size) if not isinstance(output_size, int) else (output_size, output_size)
+    oh, ow = oh or h, ow or w
+    if h % oh or w % ow:
+        return NotImplemented
+    k = [h // oh, w // ow]
+    return _AvgPool2d.apply(x, k, k, [0, 0], False, True, None)
+
+
+# ----------------------------------------------------------------------------- flatten / dropout
+
+
+class _Reshape(Function):
+    @staticmethod
+    def forward(ctx, x: QActivation, start_dim: int, end_dim: int):
+        ctx.x_shape = x.shape
+        return _codes_like(x, torch.flatten(x.codes, start_dim, end_dim))
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.reshape(ctx.x_shape), None, None
+
+
+def _flatten(x, start_dim: int = 0, end_dim: int = -1):
+    if not isinstance(x, QActivation) or x.per_channel and start_dim <= 1 <= (end_dim % x.dim()) and x.dim() > 1:
+        return NotImplemented  # a per-channel scale cannot follow channels merged with other dims
+    return _Reshape.apply(x, start_dim, end_dim)
+
+
+class _Dropout(Function):
+    @staticmethod
+    def forward(ctx, x: QActivation, p: float):
+        keep = torch.rand(x.shape, device=x.device) >= p  # drawn from torch's generator, as F.dropout does
+        ctx.save_for_backward(keep)
+        ctx.factor = 1.0 / (1.0 - p)
+        codes = torch.where(keep, x.codes, torch.tensor(x.zero_point, dtype=x.codes.dtype, device=x.device))
+        return _codes_like(x, codes, x.scale * ctx.factor)  # exact: the rescale moves into the scale
+
+    @staticmethod
+    def backward(ctx, g):
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, g * ctx.factor, 0.0), None
+
+
+def _dropout(x, p: float = 0.5, training: bool = True, inplace: bool = False):
+    if not isinstance(x, QActivation):
+        return NotImplemented
+    if not training or p == 0.0:
+        return x
+    if p >= 1.0:
+        return NotImplemented
+    return _Dropout.apply(x, float(p))
+
+
+# ----------------------------------------------------------------------------- batch norm
+
+
+class _BatchNorm(Function):
+    @staticmethod
+    def forward(ctx, x: QActivation, weight, bias, running_mean, running_var, training, momentum, eps):
+        xf = x.dequantize()
+        y, mean, invstd = torch.native_batch_norm(xf, weight, bias, running_mean, running_var, training,
+                                                  momentum, eps)
+        ctx.save_for_backward(x.codes, x.scale, weight, mean, invstd, running_mean, running_var)
+        ctx.zp, ctx.training, ctx.eps = x.zero_point, training, eps
+        out = y.as_subclass(DeferredQuant)  # quantized by its consumer (see DeferredQuant)
+        out.bits = x.bits
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        codes, scale, weight, mean, invstd, running_mean, running_var = ctx.saved_tensors
+        xf = QActivation(codes, scale, ctx.zp).dequantize()  # the normalised input, recomputed from int8
+        mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1],
+                ctx.needs_input_grad[2]]
+        dx, dw, db = torch.ops.aten.native_batch_norm_backward(
+            g.contiguous(memory_format=_CL) if g.dim() == 4 else g, xf, weight, running_mean, running_var,
+            mean, invstd, ctx.training, ctx.eps, mask)
+        return dx, dw, db, None, None, None, None, None
+
+
+def int8_batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    if not isinstance(x, QActivation):
+        return NotImplemented
+    if training and running_mean is None and x.shape[0] * (x[0, 0].numel() if x.dim() > 2 else 1) <= 1:
+        return NotImplemented  # let torch raise its "more than 1 value per channel" error
+    return _BatchNorm.apply(x, weight, bias, running_mean, running_var, training,
+                            0.0 if momentum is None else momentum, eps)
+
+
+# ----------------------------------------------------------------------------- residual add
+
+
+class _Add(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        bits = max(getattr(t, "bits", 0) for t in (a, b))
+        with torch._C.DisableTorchFunctionSubclass():
+            af = a.dequantize() if isinstance(a, QActivation) else a.float()
+            bf = b.dequantize() if isinstance(b, QActivation) else b.float()
+            out = (af + bf).as_subclass(DeferredQuant)  # quantized by its consumer, usually the block's ReLU
+        out.bits = bits
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g
+
+
+def int8_add(a, b, *, alpha=1, out=None):
+    """``a + b`` with at least one QActivation operand of the same shape; the sum gets a new scale."""
+    if alpha != 1 or out is not None or not isinstance(b, torch.Tensor) or not isinstance(a, torch.Tensor):
+        return NotImplemented
+    if a.shape != b.shape or a.dtype != torch.float32 or b.dtype != torch.float32:
+        return NotImplemented
+    if not any(isinstance(t, (QActivation, DeferredQuant)) for t in (a, b)):
+        return NotImplemented
+    return _Add.apply(a, b)
+
+
+def _radd(a, b):
+    return int8_add(b, a)
+
+
+def _register() -> None:
+    table = {
+        int8_relu: [F.relu, torch.relu, torch.Tensor.relu, torch.relu_, torch.Tensor.relu_],
+        _relu6: [F.relu6],
+        _max_pool2d: [F.max_pool2d],
+        _avg_pool2d: [F.avg_pool2d],
+        _adaptive_avg_pool2d: [F.adaptive_avg_pool2d],
+        _flatten: [torch.flatten, torch.Tensor.flatten],
+        _dropout: [F.dropout],
+        int8_batch_norm: [F.batch_norm],
+        int8_add: [torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__iadd__, torch.Tensor.add_],
+        _radd: [torch.Tensor.__radd__],
+    }
+    for impl, funcs in table.items():
+        for f in funcs:
+            INT8_OPS[f] = impl
+    for impl in (int8_relu, int8_add, _radd):
+        for f in table[impl]:
+            DEFERRED_OPS[f] = impl
+
+
+_register()

@@ -1,0 +1,206 @@
+"""``QActivation``: an int8 activation that flows between layers, through autograd, with its scale.
+
+Without it every integer layer re-quantizes its float input and every float op (BatchNorm, ReLU,
+the residual add) keeps its float input alive for backward, so a training step holds as much
+activation memory as fp32.  A ``QActivation`` is a tensor subclass whose *value* is
+``scale * (codes - zero_point)``: autograd sees an ordinary float32 tensor of that shape (so
+gradients reaching it are plain float tensors, summed by autograd as usual), but the storage is
+the int8 codes and a per-tensor or per-channel scale.
+
+* Ops with an int8 version (ReLU/ReLU6, max/avg/adaptive-avg pooling, flatten, dropout, batch norm,
+  the residual add; :mod:`inttrain.autograd.dataflow`) are intercepted in ``__torch_function__``, run
+  on the codes, save int8 codes for backward, and return a ``QActivation`` again.
+* Integer conv layers take the codes as their GEMM operand directly (no quantize pass) and, with
+  dataflow on, return their output as a ``QActivation``.
+* Any other op falls back to float: ``__torch_dispatch__`` hands it the dequantized values (exactly
+  the values the int8 tensor stands for) and logs the op once.  Autograd still saves the
+  ``QActivation`` itself where the op's backward needs its input, so even a fallback op keeps int8.
+
+Codes are stored as ``uint8 = int8 + 128`` (``zero_point=128``) in channels-last memory for 4-D
+tensors: the layout oneDNN's int8 convolution reads, so a conv consumes them without a copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+__all__ = ["QActivation", "DeferredQuant", "quantize_activation", "dequantize_if_quantized", "fallback_ops_seen"]
+
+log = logging.getLogger("inttrain")
+
+#: torch function -> int8 implementation; filled by :mod:`inttrain.autograd.dataflow` on first use.
+INT8_OPS: dict[Callable, Callable] = {}
+#: the same for a DeferredQuant input (ReLU and the residual add: they quantize their own output).
+DEFERRED_OPS: dict[Callable, Callable] = {}
+_FALLBACKS_SEEN: set[str] = set()
+_CL = torch.channels_last
+
+
+class QActivation(torch.Tensor):
+    """A float32-valued tensor stored as int codes: ``value = scale * (codes - zero_point)``.
+
+    Attributes:
+        codes: uint8 (``zero_point=128``) or int8 (``zero_point=0``) tensor of the full shape.
+        scale: float32, shape ``[1]`` (per tensor) or ``[C]`` (per channel along dim 1).
+        zero_point: 0 or 128.
+        bits: the signed bit width the codes were quantized to (2..8).
+    """
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero_point: int
+    bits: int
+
+    @staticmethod
+    def __new__(cls, codes: torch.Tensor, scale: torch.Tensor, zero_point: int = 128, bits: int = 8):
+        if codes.dtype not in (torch.int8, torch.uint8):
+            raise TypeError(f"QActivation codes must be int8 or uint8, got {codes.dtype}")
+        if (zero_point == 128) != (codes.dtype == torch.uint8):
+            raise ValueError("QActivation: uint8 codes go with zero_point 128, int8 codes with zero_point 0")
+        scale = scale.reshape(-1).to(torch.float32)
+        if scale.numel() != 1 and (codes.dim() < 2 or scale.numel() != codes.shape[1]):
+            raise ValueError(f"QActivation scale must have 1 or C={codes.shape[1] if codes.dim() > 1 else '?'}"
+                             f" elements, got {scale.numel()}")
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, codes.shape, strides=codes.stride(), dtype=torch.float32, device=codes.device, requires_grad=False
+        )
+        t.codes, t.scale, t.zero_point, t.bits = codes, scale, zero_point, bits
+        return t
+
+    # -- views of the data ------------------------------------------------------------------------
+    @property
+    def per_channel(self) -> bool:
+        return self.scale.numel() > 1
+
+    def scale_view(self) -> torch.Tensor:
+        """The scale shaped to broadcast against the codes."""
+        if not self.per_channel:
+            return self.scale
+        return self.scale.reshape(1, -1, *([1] * (self.codes.dim() - 2)))
+
+    def int_codes(self) -> torch.Tensor:
+        """Signed int8 codes (a bit flip of uint8 storage; the same tensor for int8 storage)."""
+        if self.zero_point == 0:
+            return self.codes
+        return torch.bitwise_xor(self.codes, 128).view(torch.int8)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 values this tensor stands for (exact: codes times scale)."""
+        codes = self.codes.to(torch.float32)
+        if self.zero_point:
+            codes = codes - self.zero_point
+        return codes * self.scale_view()
+
+    def nbytes_stored(self) -> int:
+        return self.codes.numel() * self.codes.element_size() + self.scale.numel() * 4
+
+    def __repr__(self) -> str:  # never print the codes by accident of a float repr
+        kind = "per-channel" if self.per_channel else "per-tensor"
+        return f"QActivation(shape={tuple(self.shape)}, int{self.bits} {kind}, grad_fn={self.grad_fn})"
+
+    def __tensor_flatten__(self):
+        return ["codes", "scale"], (self.zero_point, self.bits)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return QActivation(inner["codes"], inner["scale"], *meta)
+
+    # -- routing ----------------------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not INT8_OPS:
+            from . import dataflow  # noqa: F401  (registers the int8 ops)
+        impl = INT8_OPS.get(func)
+        if impl is not None:
+            out = impl(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
+            (x,) = args
+            return QActivation(x.codes, x.scale, x.zero_point, x.bits)
+        name = str(func)
+        if name not in _FALLBACKS_SEEN:
+            _FALLBACKS_SEEN.add(name)
+            log.info("inttrain dataflow: %s has no int8 version; it runs in float on the dequantized values", name)
+        unwrap = lambda a: a.dequantize() if isinstance(a, QActivation) else a  # noqa: E731
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+
+class DeferredQuant(torch.Tensor):
+    """A float tensor whose int8 quantization is left to the op that consumes it.
+
+    Batch norm takes int8 in but hands its output on as a ``DeferredQuant``: it is usually followed by
+    a ReLU, and a symmetric int8 grid chosen *before* the ReLU spends up to half of its codes on
+    negative values the ReLU then zeroes.  ReLU and the residual add consume it and quantize their own
+    output (so nothing float is ever saved for backward); any other consumer sees a plain float tensor
+    (an integer layer quantizes it as usual).
+    """
+
+    bits: int = 8
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not INT8_OPS:
+            from . import dataflow  # noqa: F401  (registers the ops)
+        impl = DEFERRED_OPS.get(func)
+        if impl is not None:
+            out = impl(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+def fallback_ops_seen() -> set[str]:
+    """Names of the aten ops that ran in float on a QActivation so far in this process."""
+    return set(_FALLBACKS_SEEN)
+
+
+def dequantize_if_quantized(x: Any) -> Any:
+    """``x.dequantize()`` for a QActivation, ``x`` otherwise (keeps autograd: used at float boundaries)."""
+    if isinstance(x, QActivation):
+        from .dataflow import to_float
+
+        return to_float(x)
+    return x
+
+
+def quantize_activation(x: torch.Tensor, per_channel: bool = False, bits: int = 8,
+                        name: str = "activation") -> QActivation:
+    """Quantize a float tensor (no autograd) to a QActivation: symmetric, round-half-even, absmax scale.
+
+    4-D tensors are quantized through their channels-last ``[N*H*W, C]`` view; ``per_channel`` gives
+    one scale per channel (dim 1).  A non-finite value raises NonFiniteError naming ``name``.
+    """
+    from ..kernels.fused import quantize_matrix
+    from ..numerics.quantize import check_finite
+    from ..spec import IntFormat, PerChannel, PerTensor, QuantSpec
+
+    spec = QuantSpec(IntFormat(bits), PerChannel(axis=1) if per_channel else PerTensor())
+    x = x.detach()
+    if x.dim() == 4:
+        x = x.contiguous(memory_format=_CL)
+        n, c, h, w = x.shape
+        rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
+        codes, scale = quantize_matrix(rows, spec, 1, zero_point=128)
+        codes = codes.reshape(n, h, w, c).permute(0, 3, 1, 2)
+    elif x.dim() == 2:
+        codes, scale = quantize_matrix(x.contiguous(), spec, 1, zero_point=128)
+    else:
+        if per_channel:
+            raise ValueError("per-channel QActivation needs a 2-D or 4-D tensor")
+        codes, scale = quantize_matrix(x.reshape(1, -1), spec, 1, zero_point=128)
+        codes = codes.reshape(x.shape)
+    check_finite(scale, name)
+    return QActivation(codes, scale.reshape(-1), 128, bits)
