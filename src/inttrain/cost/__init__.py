@@ -6,5 +6,7 @@ hardware-independent measure the low-precision training papers report.
 """
 
 from .bitops import GEMMS, HOROWITZ_45NM_PJ, BitOpsCounter, GemmCount, gemm_macs, mac_energy_pj, measure_step
+from .memory import saved_activation_bytes
 
-__all__ = ["GEMMS", "HOROWITZ_45NM_PJ", "BitOpsCounter", "GemmCount", "gemm_macs", "mac_energy_pj", "measure_step"]
+__all__ = ["GEMMS", "HOROWITZ_45NM_PJ", "BitOpsCounter", "GemmCount", "gemm_macs", "mac_energy_pj", "measure_step",
+           "saved_activation_bytes"]
