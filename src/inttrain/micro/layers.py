@@ -310,9 +310,11 @@ class Conv2d(Layer):
             gq[..., :ow] = g.q
             gq = gq.reshape(n, o, oh * wp)
         # weight gradient: per sample (K = OH*OW), then the exact float64 sum over the batch
-        per = matmul_exact(gq, colsf.transpose(0, 2, 1), ag, ax)                   # (N, O, C*k*k)
+        # (the big columns stay the contiguous left operand; the small error is transposed instead)
+        gqt = np.ascontiguousarray(gq.transpose(0, 2, 1))
+        per = matmul_exact(colsf, gqt, ax, ag)                                      # (N, C*k*k, O)
         gw = per.sum(axis=0, dtype=np.float64) if per.dtype.kind == "f" else per.sum(axis=0)
-        self.weight.grad = to_int32(gw.reshape(w.q.shape), "conv weight grad", n * oh * ow * ag * ax)
+        self.weight.grad = to_int32(gw.T.reshape(w.q.shape), "conv weight grad", n * oh * ow * ag * ax)
         self.weight.grad_exp = g.exp + x.exp
         if not self.need_input_grad:
             return None
