@@ -107,3 +107,25 @@ def test_sgd_int32_fast_path_matches_generic(rounding, bits):
             want = np.clip(p.acc.astype(np.int64) - shift(grad, p.exp + lr_shift - p.grad_exp, rounding), -m, m)
             SGD([p], lr_shift, rounding=rounding).step()
             assert p.acc.dtype == (np.int16 if bits == 16 else np.int8) and np.array_equal(p.acc, want), lr_shift
+
+
+def test_sgd_int32_copy_follows_replaced_codes():
+    """The optimizer's int32 copy of the codes is only reused while p.acc is the array it wrote (read-only)."""
+    rng = np.random.default_rng(5)
+    p = Param(rng.integers(-1000, 1000, size=50), -10, 16)
+    opt = SGD([p], 4)
+    for step in range(3):
+        g = rng.integers(-5000, 5000, size=50)
+        p.grad, p.grad_exp = g.astype(np.int32), -12
+        want = np.clip(p.acc.astype(np.int64) - shift(g, p.exp + 4 - p.grad_exp, "pstoch"), -32767, 32767)
+        opt.step()
+        assert np.array_equal(p.acc, want)
+        with pytest.raises(ValueError):
+            p.acc[0] = 1                                   # codes written by the optimizer are read-only
+        if step == 1:
+            p.acc = np.zeros(50, dtype=np.int16)           # replaced from outside: the copy is rebuilt
+    g = rng.integers(-5000, 5000, size=50)
+    p.grad, p.grad_exp = g.astype(np.int32), -12
+    want = np.clip(p.acc.astype(np.int64) - shift(g, p.exp + 4 - p.grad_exp, "pstoch"), -32767, 32767)
+    opt.step()
+    assert np.array_equal(p.acc, want)

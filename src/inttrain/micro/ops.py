@@ -105,8 +105,10 @@ def shift_round_fast(x: np.ndarray, s: int, mode: str) -> np.ndarray:
         r = x & ((1 << s) - 1)
         u = r >> (s - m)
         r &= (1 << m) - 1
+        r -= u                                   # v - u < 0 exactly when rounding up
+        r >>= x.dtype.itemsize * 8 - 1           # -1 where u > v, else 0 (same-dtype ops only: fast)
         q = x >> s
-        q += u > r
+        q -= r
         return q
     t = x >> s
     t &= 1

@@ -23,6 +23,7 @@ class SGD:
         if momentum_shift is not None and not 1 <= int(momentum_shift) <= 16:
             raise ValueError("momentum_shift must be in [1, 16]")
         self.params, self.lr_shift, self.momentum_shift, self.rounding = params, int(lr_shift), momentum_shift, rounding
+        self._shadow: dict[int, tuple] = {}     # id(param) -> (the codes array written last, its int32 copy)
 
     def update_codes(self, p: Param) -> np.ndarray:
         """The (signed) step in codes of p.acc before momentum: round(grad * 2**(grad_exp - lr_shift - exp))."""
@@ -46,9 +47,14 @@ class SGD:
             u = self._fast_update(p) if self.momentum_shift is None else None
             if u is not None:
                 m = qmax(p.bits)
-                np.subtract(p.acc, u, out=u)             # W - U in int32 (the int16 codes widen on the fly)
-                np.clip(u, -m, m, out=u)
-                p.acc = u.astype(p.acc.dtype)
+                acc, w32 = self._shadow.get(id(p), (None, None))
+                if acc is not p.acc:                     # first step, or the codes were replaced from outside
+                    w32 = p.acc.astype(np.int32)
+                np.subtract(w32, u, out=w32)             # W - U in int32
+                np.clip(w32, -m, m, out=w32)
+                p.acc = w32.astype(p.acc.dtype)
+                p.acc.flags.writeable = False            # replace the codes, never edit them in place: the
+                self._shadow[id(p)] = (p.acc, w32)       # int32 copy of them is reused by the next step
                 p.grad = None
                 continue
             u = self.update_codes(p)
