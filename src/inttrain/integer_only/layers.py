@@ -38,7 +38,7 @@ class Param:
     @classmethod
     def from_micro(cls, p, device: torch.device | str | None = None) -> "Param":
         """Copy a :class:`inttrain.micro.layers.Param` (NumPy codes) into torch."""
-        acc = torch.from_numpy(np.ascontiguousarray(p.acc)).clone()
+        acc = torch.from_numpy(np.array(p.acc, copy=True))        # a writable copy (micro's codes may be read-only)
         return cls(acc.to(device) if device is not None else acc, p.exp, p.bits)
 
     def int8(self) -> IntTensor:
