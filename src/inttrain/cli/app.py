@@ -96,6 +96,9 @@ def train_cmd(
     nproc: Annotated[Optional[int], typer.Option(help="Data-parallel processes on this machine (gloo, 127.0.0.1); --batch-size is the global batch, split evenly. Under torchrun the world size comes from its environment. [default: 1]")] = None,
     comm: Annotated[Optional[str], typer.Option(help="Gradient all-reduce with --nproc > 1: fp32 or int8 (inttrain.distributed hook). [default: fp32]")] = None,
     dist_timeout: Annotated[Optional[float], typer.Option("--dist-timeout", help="Seconds a rank waits for its peers (rendezvous and every collective) before failing. [default: 300]")] = None,
+    sync_bn: Annotated[Optional[bool], typer.Option("--sync-bn/--no-sync-bn", help="Data parallel: BatchNorm statistics over the global batch (plain BatchNorm layers; Range/8-bit BN cannot be synced). [default: off]")] = None,
+    max_restarts: Annotated[Optional[int], typer.Option("--max-restarts", help="With --nproc: after a rank fails, restart all ranks up to this many times, resuming from checkpoints/last (like torchrun --max-restarts). [default: 0]")] = None,
+    save_every: Annotated[Optional[int], typer.Option("--save-every", help="Also save checkpoints/last every this many steps (resume and restart points). [default: end of each epoch only]")] = None,
     dclr: Annotated[Optional[bool], typer.Option("--dclr/--no-dclr", help="unified-int8: deviation-counteractive per-layer learning-rate scaling (Zhu et al. 2020, Eq. 10). [default: on]")] = None,
 ) -> None:
     """Train one model with one recipe into a run folder (config, metrics, log, checkpoints)."""
@@ -105,7 +108,8 @@ def train_cmd(
     flags = dict(model=model, dataset=dataset, data_dir=data_dir, recipe=recipe, bits=bits, epochs=epochs,
                  batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads,
                  max_steps=max_steps, log_every=log_every, seq_len=seq_len, augment=augment, schedule=schedule,
-                 nproc=nproc, comm=comm, dist_timeout=dist_timeout, dclr=dclr)
+                 nproc=nproc, comm=comm, dist_timeout=dist_timeout,
+                 sync_bn=sync_bn, max_restarts=max_restarts, save_every=save_every, dclr=dclr)
     cfg = resolve_config(config, list(set_ or []), flags)
     code = start_run(cfg, out)
     if code:

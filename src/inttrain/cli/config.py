@@ -62,6 +62,9 @@ class RunConfig:
     nproc: int = 1
     comm: str = "fp32"  # fp32 all-reduce or the int8 hook (inttrain.distributed)
     dist_timeout: float = 300.0  # seconds a collective (or the rendezvous) may wait for a peer
+    sync_bn: bool = False  # data parallel: BatchNorm statistics over the global batch (plain BatchNorm only)
+    max_restarts: int = 0  # --nproc: restart all ranks up to this many times after a failure (resume from last)
+    save_every: int | None = None  # also save checkpoints/last every this many steps (restart/resume points)
     # unified-int8: deviation-counteractive per-layer LR scaling (Zhu et al. CVPR 2020, Eq. 10); false: plain lr.
     dclr: bool = True
 

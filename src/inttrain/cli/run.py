@@ -92,7 +92,9 @@ def validate_config(cfg: RunConfig) -> Any:
         if value is not None and value < 1:
             raise UsageProblem(f"--set {key}", f"{value} must be > 0")
     check_choice("--comm", cfg.comm, ("fp32", "int8"))
-    _check_positive(nproc=cfg.nproc, dist_timeout=cfg.dist_timeout)
+    _check_positive(nproc=cfg.nproc, dist_timeout=cfg.dist_timeout, save_every=cfg.save_every)
+    if cfg.max_restarts < 0:
+        raise UsageProblem("--max-restarts", f"{cfg.max_restarts} must be >= 0")
     if cfg.batch_size % cfg.nproc:
         raise UsageProblem("--batch-size", f"{cfg.batch_size} is the global batch and must be divisible by "
                                            f"--nproc {cfg.nproc}")
@@ -216,7 +218,7 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
                 optimizer=cfg.optimizer, seed=cfg.seed, log=folder.log, max_consecutive_skips=cfg.max_consecutive_skips,
                 recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
                 resume_from=resume_from, augment=cfg.augment, precision_scheduler=p.scheduler, cost_counter=counter,
-                data_parallel=dp, dclr=cfg.dclr, **({"progress": False} if isinstance(folder, SilentFolder) else {}),
+                data_parallel=dp, save_every=cfg.save_every, dclr=cfg.dclr, **({"progress": False} if isinstance(folder, SilentFolder) else {}),
             )
     finally:
         folder.close()
@@ -345,7 +347,7 @@ def _setup_ranks(cfg: RunConfig, setup: Any) -> tuple[Any, Any]:
     failed = [r for r in range(world) if flags[r] > 0]
     if failed:
         raise RuntimeError(f"setup failed on rank {failed[0]} (see its error)")
-    return result, DataParallel(comm=cfg.comm, seed=cfg.seed)
+    return result, DataParallel(comm=cfg.comm, seed=cfg.seed, sync_bn=cfg.sync_bn)
 
 
 def _finish_ranks() -> None:
@@ -361,7 +363,8 @@ def _launch(args: list[str], cfg: RunConfig) -> int:
     from inttrain.distributed.launch import launch_local
 
     per = None if cfg.threads is not None else max(1, (os.cpu_count() or 1) // cfg.nproc)
-    return launch_local(args, cfg.nproc, cfg.dist_timeout, echo=lambda m: typer.echo(m, err=True), threads_per_rank=per)
+    return launch_local(args, cfg.nproc, cfg.dist_timeout, echo=lambda m: typer.echo(m, err=True), threads_per_rank=per,
+                        max_restarts=cfg.max_restarts)
 
 
 def _create_folder(out: Path, cfg: RunConfig) -> Any:
@@ -374,6 +377,33 @@ def _create_folder(out: Path, cfg: RunConfig) -> Any:
     except OSError as e:
         raise UsageProblem("--out", f"{str(out)!r}: cannot write ({e.strerror or e})") from None
     return folder
+
+
+def _elastic_restart(out: Path, cfg: RunConfig) -> str:
+    """On a restarted attempt (TORCHELASTIC_RESTART_COUNT > 0): "resume" if ``out`` is this run's folder
+    with ``checkpoints/last``, "restart" if it is this run's folder without one (start over in it), else "".
+
+    "This run's folder" means its config.yaml equals ``cfg`` (apart from the keys a resume may change), so
+    a restart never takes over somebody else's folder.
+    """
+    import os
+
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) <= 0 or not (out / "config.yaml").is_file():
+        return ""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((out / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return ""
+    volatile = ("nproc", "max_steps", "epochs", "threads", "comm", "max_restarts")
+    mine = {k: v for k, v in asdict(cfg).items() if k not in volatile}
+    if {k: v for k, v in saved.items() if k not in volatile} != mine:
+        return ""
+    from inttrain.trainer.checkpoint import checkpoint_paths
+
+    w, st = checkpoint_paths(out / "checkpoints", "last")
+    return "resume" if w.is_file() and st.is_file() else "restart"
 
 
 def start_run(cfg: RunConfig, out: Path | None) -> int:
@@ -400,12 +430,16 @@ def start_run(cfg: RunConfig, out: Path | None) -> int:
         typer.echo(f"run folder: {out}")
         return run_training(p, folder)
 
+    restart = _elastic_restart(out, cfg)
+    if restart == "resume":  # a restarted rank (torchrun --max-restarts / --max-restarts): continue from last
+        return resume_run(out, cfg.epochs, cfg.max_steps, cfg.threads, comm=cfg.comm)
     _rank_threads(cfg)
 
     def setup(rank: int) -> tuple[Prepared, Any]:
         if rank != 0:
             return prepare_run(cfg, echo=_silent), SilentFolder()
-        check_out(out)
+        if restart != "restart":
+            check_out(out)
         p = prepare_run(cfg)
         folder = _create_folder(out, cfg)
         typer.echo(f"run folder: {out} ({env[1]} processes, {cfg.comm} gradient all-reduce, "

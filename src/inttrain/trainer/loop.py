@@ -235,6 +235,7 @@ def train(
     precision_scheduler: Any = None,
     cost_counter: Any = None,
     data_parallel: Any = None,
+    save_every: int | None = None,
     dclr: bool = True,
 ) -> RunResult:
     """Train ``model`` on ``splits`` in place and return per-epoch statistics.
@@ -260,6 +261,7 @@ def train(
     initialized): the model is wrapped in DDP, ``batch_size`` is the global batch and each rank
     trains on its equal share of it; logged losses are global means, and all ranks skip/stop at
     the same steps. Checkpoints (``hooks.save``) equal those of a single-process run.
+    ``save_every``: also save ``last`` every that many steps (resume / elastic-restart points).
     The recipe's own optimizer parts apply (:mod:`inttrain.trainer.recipe_training`: ``unified-int8``'s
     per-layer DCLR learning rates unless ``dclr=False``, ``wageubn``'s WageubnSGD), and its per-layer
     state (DSGC clip ratios, counters, deviations) is saved in checkpoints and restored on resume.
@@ -302,6 +304,11 @@ def train(
     if dp is not None:
         dp.check_batch(batch_size)
         net = dp.wrap(model)  # after a resume's load: every rank starts from the same weights
+        if resume_from is not None:  # each rank's int8 error-feedback residuals (if saved)
+            note = dp.load_comm_state(resume_from[1].get("comm"))
+            if note:
+                log(note)
+        hooks = dp.wrap_hooks(hooks)  # `last` checkpoints carry every rank's comm state
 
     n = len(splits.train)
     lm = splits.task == "lm"
@@ -414,6 +421,8 @@ def train(
                     hooks.save("last", snapshot)
                     log(f"stopped at step {state.step} (epoch {epoch}, batch {state.position}/{batches}): {reason}")
                     return result(reason)
+                if save_every and state.step % save_every == 0:
+                    hooks.save("last", snapshot)  # resumable here (torchrun --max-restarts, `inttrain resume`)
         finally:
             bar.close()
         losses, times = state.epoch_losses, state.epoch_times
