@@ -93,9 +93,11 @@ def test_failed_rank_is_named_and_others_stop(tmp_path: Path) -> None:
     out.mkdir()
     (out / "file").write_text("x")
     messages: list[str] = []
-    code = launch_local(["train", *BASE, "--max-steps", "2", "--out", str(out)], 2, 20.0, echo=messages.append)
+    # max_restarts: a usage error (exit code 2) is not retried -- a restart would meet the same folder
+    code = launch_local(["train", *BASE, "--max-steps", "2", "--out", str(out)], 2, 20.0, echo=messages.append,
+                        max_restarts=1)
     assert code == 2
-    assert messages and "rank 0 of 2 failed (exit code 2)" in messages[0], messages
+    assert len(messages) == 1 and "rank 0 of 2 failed (exit code 2); the run stopped" in messages[0], messages
     assert [p.name for p in out.iterdir()] == ["file"]
 
 

@@ -7,9 +7,12 @@ Per bucket the hook
 
 1. adds the error-feedback residual kept from the previous step (``x = grad + residual``),
 2. cuts ``x`` into chunks of ``state.chunk_size`` elements and agrees on one scale per chunk
-   across ranks (all-reduce MAX of the chunk absmax, ``scale = amax / 127``),
+   across ranks (all-reduce MAX of the chunk absmax, ``scale = amax / 127``); after
+   ``state.bind(model)`` every parameter gets its own chunks, in model order, so the result does
+   not depend on how DDP groups parameters into buckets,
 3. rounds ``x / scale`` stochastically to int8 codes in [-127, 127] with a ``torch.Generator``
-   seeded from ``(seed, rank, step, bucket index)`` -- randomness is explicit and reproducible,
+   seeded from ``(seed, rank, step, parameter index)`` (``bucket index`` without ``bind``) --
+   randomness is explicit and reproducible,
 4. sums the codes exactly in int32 across ranks (``mode="allgather"``: all-gather of the int8
    codes then a local int32 sum -- the default, 1 byte per element on the wire; or
    ``mode="allreduce"``: all-reduce of the codes widened to int32, 4 bytes per element), with no
@@ -53,7 +56,7 @@ class Int8HookState:
         chunk_size: elements that share one scale.
         seed: base seed of the stochastic rounding.
         mode: ``"allgather"`` (int8 codes on the wire, default) or ``"allreduce"`` (int32).
-        error_feedback: keep the quantization residual per bucket and add it next step.
+        error_feedback: keep the quantization residual and add it next step.
         step: number of completed steps (incremented after the last bucket of a step).
         bytes_per_step: payload bytes this rank put into collectives, one entry per step
             (codes + per-chunk scales for the amax agreement).

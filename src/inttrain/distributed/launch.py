@@ -32,7 +32,8 @@ def launch_local(args: list[str], nproc: int, timeout_s: float, echo: Callable[[
 
     ``max_restarts``: after a rank fails, stop the others at once and start all ranks again (with
     ``TORCHELASTIC_RESTART_COUNT`` = 1, 2, ..., as torchrun's agent does), at most this many times;
-    ``inttrain train`` then resumes from the run folder's ``checkpoints/last``.
+    ``inttrain train`` then resumes from the run folder's ``checkpoints/last``. A rank exiting with
+    code 2 (a usage error: bad option, taken ``--out``) is not restarted.
     """
     restart = 0
     while True:
@@ -41,7 +42,7 @@ def launch_local(args: list[str], nproc: int, timeout_s: float, echo: Callable[[
         if failure is None:
             return code0
         rank, code = failure
-        if restart < max_restarts and not signaled:
+        if restart < max_restarts and not signaled and code != 2:  # 2: a usage error, the same on every attempt
             restart += 1
             echo(f"error: rank {rank} of {nproc} failed (exit code {code}); restarting all ranks "
                  f"(restart {restart} of {max_restarts})")
