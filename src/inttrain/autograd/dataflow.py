@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import Function
 
+from ..kernels import dataflow_passes as passes
+from ..numerics.quantize import check_finite
 from .qactivation import DEFERRED_OPS, INT8_OPS, DeferredQuant, QActivation, quantize_activation
 
 __all__ = ["to_float", "int8_relu", "int8_add", "int8_batch_norm"]
@@ -50,6 +52,32 @@ def _empty_like_shape(shape, ref: torch.Tensor) -> torch.Tensor:
     """An uninitialised float32 tensor: the pooling backward kernels read only its size and layout."""
     fmt = _CL if len(shape) == 4 else torch.contiguous_format
     return torch.empty(shape, dtype=torch.float32, device=ref.device, memory_format=fmt)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor | None:
+    """The ``[rows, C]`` matrix view of a 2-D tensor or a channels-last 4-D tensor (None otherwise)."""
+    if t.dim() == 2 and t.is_contiguous():
+        return t
+    if t.dim() == 4 and t.is_contiguous(memory_format=_CL):
+        return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
+    return None
+
+
+def _rows_of(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` (same shape as ``like``) as rows in ``like``'s layout, copying only if its layout differs."""
+    if t.dim() == 4:
+        t = t.contiguous(memory_format=_CL)
+    elif t.dim() == 2:
+        t = t.contiguous()
+    return _rows(t)
+
+
+def _unrows(r: torch.Tensor, shape) -> torch.Tensor:
+    """Inverse of :func:`_rows`: the NCHW (channels-last) or 2-D tensor of ``shape``."""
+    if len(shape) == 4:
+        n, c, h, w = shape
+        return r.reshape(n, h, w, c).permute(0, 3, 1, 2)
+    return r.reshape(shape)
 
 
 # ----------------------------------------------------------------------------- boundary
@@ -84,7 +112,14 @@ class _ReLU(Function):
     @staticmethod
     def backward(ctx, g):
         (out,) = ctx.saved_tensors
-        return torch.where(out > ctx.zp, g, 0.0)
+        return _relu_backward(out, g, ctx.zp)
+
+
+def _relu_backward(codes: torch.Tensor, g: torch.Tensor, zp: int) -> torch.Tensor:
+    rows = _rows(codes)
+    if zp == 128 and rows is not None:
+        return _unrows(passes.relu_grad(rows, _rows_of(g, codes)), codes.shape)
+    return torch.where(codes > zp, g, 0.0)
 
 
 class _ReLU6(Function):
@@ -110,7 +145,13 @@ class _ReLUQuantize(Function):
     @staticmethod
     def forward(ctx, x, bits: int):
         with torch._C.DisableTorchFunctionSubclass():
-            out = quantize_activation(torch.relu(x), per_channel=False, bits=bits, name="relu output")
+            rows = _rows(x)
+            if rows is not None:
+                codes, scale = passes.relu_quantize_rows(rows, bits)
+                check_finite(scale, "relu output")
+                out = QActivation(_unrows(codes, x.shape), scale, 128, bits)
+            else:
+                out = quantize_activation(torch.relu(x), per_channel=False, bits=bits, name="relu output")
         ctx.save_for_backward(out.codes)
         ctx.zp = out.zero_point
         return out
@@ -120,7 +161,7 @@ class _ReLUQuantize(Function):
         (codes,) = ctx.saved_tensors
         # The float input was > 0 exactly where the output is; values that rounded to code 0 pass no
         # gradient, as if the ReLU had cut them (they are within half a step of 0).
-        return torch.where(codes > ctx.zp, g, 0.0), None
+        return _relu_backward(codes, g, ctx.zp), None
 
 
 def int8_relu(x: torch.Tensor, inplace: bool = False):
@@ -262,11 +303,24 @@ def _dropout(x, p: float = 0.5, training: bool = True, inplace: bool = False):
 class _BatchNorm(Function):
     @staticmethod
     def forward(ctx, x: QActivation, weight, bias, running_mean, running_var, training, momentum, eps):
-        xf = x.dequantize()
-        y, mean, invstd = torch.native_batch_norm(xf, weight, bias, running_mean, running_var, training,
-                                                  momentum, eps)
-        ctx.save_for_backward(x.codes, x.scale, weight, mean, invstd, running_mean, running_var)
-        ctx.zp, ctx.training, ctx.eps = x.zero_point, training, eps
+        rows = _rows(x.codes)
+        fused = training and rows is not None and x.zero_point == 128
+        c = x.shape[1]
+        w = weight if weight is not None else torch.ones(c, device=x.device)
+        b = bias if bias is not None else torch.zeros(c, device=x.device)
+        if fused:
+            y, mean, var, invstd = passes.batch_norm_forward_rows(rows, x.scale, w, b, eps)
+            if running_mean is not None:  # torch's update: the running variance is unbiased
+                m = rows.shape[0]
+                with torch.no_grad():
+                    running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)
+                    running_var.mul_(1 - momentum).add_(var * (m / max(m - 1, 1)), alpha=momentum)
+            y = _unrows(y, x.shape)
+        else:
+            y, mean, invstd = torch.native_batch_norm(x.dequantize(), weight, bias, running_mean, running_var,
+                                                      training, momentum, eps)
+        ctx.save_for_backward(x.codes, x.scale, w, mean, invstd, running_mean, running_var)
+        ctx.zp, ctx.training, ctx.eps, ctx.fused, ctx.has_weight = x.zero_point, training, eps, fused, weight is not None
         out = y.as_subclass(DeferredQuant)  # quantized by its consumer (see DeferredQuant)
         out.bits = x.bits
         return out
@@ -274,19 +328,26 @@ class _BatchNorm(Function):
     @staticmethod
     def backward(ctx, g):
         codes, scale, weight, mean, invstd, running_mean, running_var = ctx.saved_tensors
-        xf = QActivation(codes, scale, ctx.zp).dequantize()  # the normalised input, recomputed from int8
-        mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1],
-                ctx.needs_input_grad[2]]
-        dx, dw, db = torch.ops.aten.native_batch_norm_backward(
-            g.contiguous(memory_format=_CL) if g.dim() == 4 else g, xf, weight, running_mean, running_var,
-            mean, invstd, ctx.training, ctx.eps, mask)
+        if ctx.fused:  # the normalised input is recomputed from the int8 codes inside the fused pass
+            dx, dw, db = passes.batch_norm_backward_rows(_rows(codes), scale, _rows_of(g, codes), mean, invstd,
+                                                         weight)
+            dx = _unrows(dx, codes.shape)
+        else:
+            xf = QActivation(codes, scale, ctx.zp).dequantize()
+            mask = [ctx.needs_input_grad[0], ctx.has_weight and ctx.needs_input_grad[1], ctx.needs_input_grad[2]]
+            dx, dw, db = torch.ops.aten.native_batch_norm_backward(
+                g.contiguous(memory_format=_CL) if g.dim() == 4 else g, xf, weight, running_mean, running_var,
+                mean, invstd, ctx.training, ctx.eps, mask)
+        if not ctx.has_weight:
+            dw = db = None
         return dx, dw, db, None, None, None, None, None
 
 
 def int8_batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     if not isinstance(x, QActivation):
         return NotImplemented
-    if training and running_mean is None and x.shape[0] * (x[0, 0].numel() if x.dim() > 2 else 1) <= 1:
+    per_channel_values = x.shape[0] * (x.numel() // (x.shape[0] * x.shape[1]) if x.dim() > 2 else 1)
+    if training and per_channel_values <= 1:
         return NotImplemented  # let torch raise its "more than 1 value per channel" error
     return _BatchNorm.apply(x, weight, bias, running_mean, running_var, training,
                             0.0 if momentum is None else momentum, eps)
@@ -300,9 +361,15 @@ class _Add(Function):
     def forward(ctx, a, b):
         bits = max(getattr(t, "bits", 0) for t in (a, b))
         with torch._C.DisableTorchFunctionSubclass():
+            if isinstance(a, QActivation) and not isinstance(b, QActivation):
+                a, b = b, a
             af = a.dequantize() if isinstance(a, QActivation) else a.float()
-            bf = b.dequantize() if isinstance(b, QActivation) else b.float()
-            out = (af + bf).as_subclass(DeferredQuant)  # quantized by its consumer, usually the block's ReLU
+            rows_a = _rows_of(af, af)
+            if isinstance(b, QActivation) and rows_a is not None and _rows(b.codes) is not None:
+                total = _unrows(passes.add_rows(rows_a, _rows(b.codes), b.scale), af.shape)
+            else:
+                total = af + (b.dequantize() if isinstance(b, QActivation) else b.float())
+            out = total.as_subclass(DeferredQuant)  # quantized by its consumer, usually the block's ReLU
         out.bits = bits
         return out
 

@@ -90,6 +90,17 @@ class QActivation(torch.Tensor):
 
     def dequantize(self) -> torch.Tensor:
         """The float32 values this tensor stands for (exact: codes times scale)."""
+        c = self.codes
+        if self.zero_point == 128 and (c.dim() == 2 and c.is_contiguous() or
+                                       c.dim() == 4 and c.is_contiguous(memory_format=_CL)):
+            from ..kernels.dataflow_passes import dequantize_rows  # one fused pass over a [rows, C] view
+
+            rows = c if c.dim() == 2 else c.permute(0, 2, 3, 1).reshape(-1, c.shape[1])
+            out = dequantize_rows(rows, self.scale)
+            if c.dim() == 2:
+                return out
+            n, ch, h, w = c.shape
+            return out.reshape(n, h, w, ch).permute(0, 3, 1, 2)
         codes = self.codes.to(torch.float32)
         if self.zero_point:
             codes = codes - self.zero_point

@@ -1,0 +1,134 @@
+#!/usr/bin/env python
+"""Int8 dataflow benchmark: activation memory and step time of a CIFAR ResNet-20 training step.
+
+    python benchmarks/dataflow.py                  # batch 128, ~3 min on a 2-core VM
+    python benchmarks/dataflow.py --quick          # batch 32, fewer iterations (smoke run)
+    python benchmarks/dataflow.py --out results/   # also write dataflow.md there
+
+Variants, same initial weights and data, channels-last for all:
+- fp32: eager float32;  bf16: ``torch.autocast("cpu", dtype=torch.bfloat16)`` around forward and loss;
+- int8: ``inttrain.prepare_(model, "int8")`` (integer GEMMs, float activations between layers);
+- int8 + dataflow: ``prepare_(model, "int8", dataflow=True)`` (int8 activations between layers).
+
+Memory is measured, not estimated: :func:`inttrain.cost.saved_activation_bytes` sums the distinct
+storages autograd saves for backward during one forward (parameters excluded).  Step time is forward +
+cross-entropy + backward + SGD step, variants timed interleaved (one iteration of each in turn, so a
+busy machine slows all alike), median reported.  Default allocator and thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:
+    import inttrain
+except ImportError:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    import inttrain
+from inttrain.cost import saved_activation_bytes
+from inttrain.kernels import int_kernel_calls
+from inttrain.models import build_model
+
+CL = torch.channels_last
+VARIANTS = ("fp32", "bf16", "int8", "int8 + dataflow")
+
+
+def _model(variant: str, state: dict) -> nn.Module:
+    m = build_model("resnet20", 10, 3, 32)
+    m.load_state_dict(state)
+    m = m.to(memory_format=CL)
+    if variant.startswith("int8"):
+        inttrain.prepare_(m, "int8", dataflow=variant.endswith("dataflow"))
+    return m.train()
+
+
+def _loss_fn(variant: str, m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def loss() -> torch.Tensor:
+        if variant == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return F.cross_entropy(m(x), y)
+        return F.cross_entropy(m(x), y)
+
+    return loss
+
+
+def run(batch: int, iters: int, warmup: int) -> list[dict]:
+    torch.manual_seed(0)
+    state = copy.deepcopy(build_model("resnet20", 10, 3, 32).state_dict())
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, 32, 32, generator=g).contiguous(memory_format=CL)
+    y = torch.randint(0, 10, (batch,), generator=g)
+    rows = []
+    steps = {}
+    for v in VARIANTS:
+        m = _model(v, state)
+        loss = _loss_fn(v, m, x, y)
+        nbytes = saved_activation_bytes(m, loss)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+
+        def step(loss=loss, opt=opt) -> None:
+            loss().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        for _ in range(warmup):
+            step()
+        steps[v] = step
+        rows.append({"variant": v, "saved_bytes": nbytes, "times": []})
+    before = int_kernel_calls()
+    for _ in range(iters):
+        for row in rows:
+            t0 = time.perf_counter()
+            steps[row["variant"]]()
+            row["times"].append(time.perf_counter() - t0)
+    if int_kernel_calls() == before:
+        raise RuntimeError("no integer kernel ran during the int8 timings")
+    return rows
+
+
+def markdown(rows: list[dict], batch: int) -> str:
+    base = {r["variant"]: r for r in rows}
+    fp32_mem, fp32_ms = base["fp32"]["saved_bytes"], statistics.median(base["fp32"]["times"]) * 1e3
+    lines = [
+        f"CIFAR ResNet-20 training step, batch {batch}, torch {torch.__version__}, {torch.get_num_threads()} threads",
+        "",
+        "| variant | saved activations (MiB) | fp32 / this (memory) | step ms (median) | fp32 / this (time) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ms = statistics.median(r["times"]) * 1e3
+        mib = r["saved_bytes"] / 2**20
+        lines.append(f"| {r['variant']} | {mib:.1f} | {fp32_mem / r['saved_bytes']:.2f}x | {ms:.0f} | {fp32_ms / ms:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="batch 32, 3 timed iterations")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--iters", type=int, default=None, help="timed iterations per variant (default 10)")
+    ap.add_argument("--out", type=Path, default=None, help="folder to write dataflow.md into")
+    a = ap.parse_args(argv)
+    batch = a.batch or (32 if a.quick else 128)
+    iters = a.iters or (3 if a.quick else 10)
+    table = markdown(run(batch, iters, warmup=2 if a.quick else 3), batch)
+    print(table)
+    if a.out is not None:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "dataflow.md").write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
