@@ -129,3 +129,14 @@ def test_sgd_int32_copy_follows_replaced_codes():
     want = np.clip(p.acc.astype(np.int64) - shift(g, p.exp + 4 - p.grad_exp, "pstoch"), -32767, 32767)
     opt.step()
     assert np.array_equal(p.acc, want)
+
+
+@pytest.mark.parametrize("hi", [100, 32511, 32639, 32640, 32767])
+def test_gemm_view_is_the_rne_int8_view(hi):
+    rng = np.random.default_rng(hi)
+    for _ in range(50):
+        a = rng.integers(-hi, hi + 1, size=40)
+        a[0] = rng.choice([hi, -hi])
+        q, wf, aw = Param(a, -3, 16).gemm_view()
+        ref = saturate(shift_round(a, 8, "rne"), 8)
+        assert q.exp == 5 and np.array_equal(q.q, ref) and np.array_equal(wf, ref) and aw == int(np.abs(ref).max())

@@ -86,11 +86,15 @@ class Param:
             q = self.acc
             wf = q.astype(np.float32)
         else:
+            am = absmax(self.acc)
             wf = self.acc * np.float32(2.0 ** -8)
             np.rint(wf, out=wf)
-            np.clip(wf, -127, 127, out=wf)
+            if am > 127 * 256 + 127:                 # only codes beyond 32639 round to 128 and saturate
+                np.clip(wf, -127, 127, out=wf)
             q = wf.astype(np.int8)
-        return IntTensor(q, self.exp + (0 if self.bits == 8 else 8)), wf, absmax(q)
+            # rounding is monotonic, so the largest |code| is the rounded largest |W16| (rne on a tie)
+            return IntTensor(q, self.exp + 8), wf, min(127, int(np.rint(am / 256)))
+        return IntTensor(q, self.exp), wf, absmax(q)
 
     @staticmethod
     def init(shape: tuple[int, ...], fan_in: int, bits: int, rng: np.random.Generator) -> "Param":
