@@ -48,6 +48,18 @@ def test_no_dclr_flag_is_saved_and_trains_one_lr(tmp_path: Path) -> None:
     assert [g["lr"] for g in _last(out)[1]["optimizer"]["param_groups"]] == [0.05]
 
 
+def test_checkpoint_from_before_dclr_resumes_without_it(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert main(["train", *COMMON, "--recipe", "unified-int8", "--no-dclr", "--max-steps", "3", "--out", str(out)]) == 0
+    state_path = out / "checkpoints" / "last.state.pt"
+    state = torch.load(state_path, weights_only=True)
+    state.pop("layer_hooks")  # what a checkpoint written before the recipe wiring holds
+    state["config"].pop("dclr")
+    torch.save(state, state_path)
+    assert main(["resume", str(out), "--max-steps", "5"]) == 0
+    assert [g["lr"] for g in _last(out)[1]["optimizer"]["param_groups"]] == [0.05]
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

@@ -474,6 +474,8 @@ def resume_run(run_dir: Path, epochs: int | None, max_steps: int | None, threads
     except CheckpointError as e:
         raise UsageProblem("RUN_DIR", str(e)) from None
     saved = config_from_dict(dict(state.get("config", {})), f"{s_path} config")
+    if "dclr" not in saved and "layer_hooks" not in state:
+        saved["dclr"] = False  # written before the trainer applied DCLR: the run trained without it
     # max_steps of the first leg is what stopped it; a resume runs to the end unless told otherwise.
     saved["max_steps"] = max_steps
     if epochs is not None:
