@@ -83,6 +83,7 @@ class Int8HookState:
     residuals: dict = field(default_factory=dict, repr=False)
     param_names: dict[int, str] = field(default_factory=dict, repr=False)
     _param_order: dict[str, int] = field(default_factory=dict, repr=False)
+    _segment_cache: dict = field(default_factory=dict, repr=False)
     _bytes: int = 0
     _fp32_bytes: int = 0
     _nonfinite: bool = False
@@ -99,6 +100,7 @@ class Int8HookState:
         named = list(model.named_parameters())
         self.param_names = {id(p): name for name, p in named}
         self._param_order = {name: i for i, (name, _) in enumerate(named)}
+        self._segment_cache = {}
         return self
 
     def state_dict(self) -> dict:
@@ -148,6 +150,14 @@ def _segments(state: Int8HookState, bucket: dist.GradBucket, n: int, cs: int):
     Otherwise the bucket is one segment (seeded by the bucket index).
     """
     params = bucket.parameters()
+    cache_key = (bucket.index(), n, cs, tuple(id(p) for p in params))
+    hit = state._segment_cache.get(cache_key)
+    if hit is None:
+        hit = state._segment_cache[cache_key] = _build_segments(state, bucket, params, n, cs)
+    return hit
+
+
+def _build_segments(state: Int8HookState, bucket: dist.GradBucket, params: list, n: int, cs: int):
     sizes = [p.numel() for p in params]
     order = state._param_order
     if not state.param_names or sum(sizes) != n or any(state.param_names.get(id(p)) not in order for p in params):
