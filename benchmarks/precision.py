@@ -186,14 +186,19 @@ def main(argv: list[str] | None = None) -> int:
         "GBitOPs: all three GEMMs of every integer layer (MACs x bits_a x bits_b), from the bits each layer ran. "
         "fwd BitOPs / 8-bit: forward GEMMs only (what the DFQ target refers to). Energy: Horowitz ISSCC 2014 "
         "(45 nm) per MAC, GEMMs only. On this CPU fewer bits than 8 run on the same int8 kernels, so wall time "
-        "does not drop; DFQ's gates and per-batch precision changes add a little overhead.",
+        "does not drop; DFQ adds the gates and an elementwise multiply of each gated layer's output. Wall times "
+        "come from one run on a shared CPU and vary with the load of other processes: compare GBitOPs, not times.",
         "",
         "CPT: 3-8 forward bits, 8 gradient bits, "
         f"{args.cpt_cycles} cycles. PFQ: stages 3/4/6/8 forward, 6/6/8/8 gradient, window {args.pfq_window} steps, "
         f"threshold {args.pfq_threshold}"
-        + (f" (switches at steps {[r['switch_steps'] for r in rows if r['policy'] == 'pfq'][0]})" if "pfq" in policies else "")
+        + "".join(f" ({r['policy']}: stage switches at steps {r['switch_steps']})" for r in rows
+                  if r["policy"] in ("pfq", "fractrain"))
         + f". DFQ: gate options 4/6/8, 8 gradient bits, target {args.target_cost}, cost weight {args.cost_weight}; "
-        "one decision per layer per batch.",
+        "one decision per layer per batch, sampled (straight-through Gumbel-softmax) while training, so the mean "
+        "bits in the plot jump from step to step. fractrain: PFQ's stage caps the DFQ options and sets the "
+        "gradient bits. One seed, one run each: accuracy differences of a few points are within run-to-run noise "
+        "at this budget.",
         "", "![bits per step](bits.png)", "",
     ]
     (args.out / "results.md").write_text("\n".join(md))
