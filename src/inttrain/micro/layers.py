@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .gemm import exact_float_dtype, int_matmul, matmul_exact
-from .ops import (IntTensor, absmax, qmax, requantize, saturate, shift, shift_left_saturate, shift_round,
-                  shift_round_fast)
+from .ops import IntTensor, absmax, qmax, requantize, saturate, shift, shift_left_saturate, shift_round
 
 INT32_LIMIT = 2**31 - 1
 MAX_K = INT32_LIMIT // (127 * 127)   # 133144: longest reduction whose int8 x int8 sum fits int32
