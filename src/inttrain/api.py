@@ -64,7 +64,8 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
         model: any module (the root itself may be a Linear/Conv2d).
         config: a recipe config object or a name such as ``"int8"`` (see :func:`recipe_names`).
         filter_fn: ``(module, fully_qualified_name) -> bool``; layers for which it returns False stay float.
-        dataflow: integer convolutions hand their outputs on as int8 ``QActivation`` tensors, and the ops
+        dataflow: integer convolutions and Linear layers (all but the last Linear, the head, whose logits
+            stay float) hand their outputs on as int8 ``QActivation`` tensors, and the ops
             after them (batch norm, ReLU, pooling, flatten, dropout, the residual add) run on int8 and
             save int8 for backward; an op without an int8 version runs in float on the dequantized
             values and is logged once (see :mod:`inttrain.autograd.dataflow`).
@@ -78,6 +79,7 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
     if not cfg.converts_layers():
         return model
     converted, skipped = 0, []
+    last_linear = None
     recipe_filter = cfg.layer_filter(model)
     for layer_id, (fqn, module) in enumerate(model.named_modules()):
         if isinstance(module, (QLinear, QConv2d)):
@@ -98,12 +100,15 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
             continue
         layer_cls = QLinear if type(module) is nn.Linear else QConv2d
         layer_cls.convert(module, precision, seed=cfg.seed, layer_id=layer_id)
-        if dataflow and layer_cls is QConv2d:
+        if dataflow:
             module.dataflow = True
+            last_linear = module if layer_cls is QLinear else last_linear
         hooks = cfg.hooks_for(module, fqn)
         if hooks is not None:
             module.hooks = hooks
         converted += 1
+    if last_linear is not None:  # the model's head: its logits go to the loss in float
+        last_linear.dataflow = False
     log.info("inttrain: recipe %s converted %d layers, kept %d in float", cfg.name, converted, len(skipped))
     return model
 

@@ -288,3 +288,48 @@ def test_dataflow_cnn_trains_on_digits_like_int8():
     dataflow = train(cnn, "int8", image=True, epochs=3, lr=0.05, dataflow=True)
     assert dataflow > 90.0
     assert abs(dataflow - plain) <= 1.5, (plain, dataflow)
+
+
+def test_dataflow_mlp_linear_consumes_and_emits_int8():
+    """Linear -> ReLU -> Linear: the hidden Linear emits int8, ReLU runs on codes, the head consumes the
+    codes without re-quantizing (bit-identical to a non-dataflow head quantizing the dequantized ReLU
+    output per tensor, which gives back the same codes) and returns float logits."""
+    import dataclasses
+
+    from inttrain.spec import PerTensor
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))
+    ref = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))
+    ref.load_state_dict(m.state_dict())
+    inttrain.prepare_(m, "int8", dataflow=True)
+    inttrain.prepare_(ref, "int8")
+    p = ref[2].precision
+    per_tensor = dataclasses.replace(p.forward.lhs, granularity=PerTensor())
+    ref[2].precision = dataclasses.replace(
+        p, forward=dataclasses.replace(p.forward, lhs=per_tensor),
+        grad_weight=dataclasses.replace(p.grad_weight, rhs=dataclasses.replace(p.grad_weight.rhs, granularity=PerTensor())))
+    assert m[0].dataflow and not m[2].dataflow  # the head keeps float logits
+    x = torch.randn(64, 12)
+    hidden = m[1](m[0](x))
+    assert isinstance(hidden, QActivation)
+    out = m[2](hidden)
+    assert type(out) is torch.Tensor
+    h_float = hidden.dequantize().clone().requires_grad_()
+    out_ref = ref[2](h_float)
+    assert torch.equal(out, out_ref)
+    dy = torch.randn(out.shape)
+    out.backward(dy)
+    out_ref.backward(dy)
+    assert torch.equal(m[2].weight.grad, ref[2].weight.grad)
+    # memory: the hidden activation is kept once, as 1-byte codes (ReLU mask and head's dW share them)
+    n = saved_activation_bytes(m, lambda: m(x).sum())
+    assert n < 64 * 32 * 2 + 64 * 12 * 1 + 4096, n
+
+
+def test_dataflow_mlp_trains_on_digits_like_int8():
+    from digits_utils import mlp, train
+
+    plain = train(mlp, "int8", image=False, epochs=3, lr=0.05)
+    dataflow = train(mlp, "int8", image=False, epochs=3, lr=0.05, dataflow=True)
+    assert dataflow > 90.0
+    assert abs(dataflow - plain) <= 1.5, (plain, dataflow)

@@ -19,6 +19,7 @@ from ..kernels.fused import dequant_epilogue, quantize_matrix
 from ..kernels.matmul import int_mm
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision
+from .qactivation import QActivation, dequantize_if_quantized, quantize_activation
 
 __all__ = ["int_linear", "GemmSeeds"]
 
@@ -34,18 +35,42 @@ def _non_finite_grads(ctx, weight: torch.Tensor):
     nan = float("nan")
     dx = torch.full(ctx.x_shape, nan, dtype=ctx.x_dtype, device=weight.device) if ctx.needs_input_grad[0] else None
     db = torch.full((weight.shape[0],), nan, dtype=weight.dtype, device=weight.device) if ctx.has_bias else None
-    return dx, torch.full_like(weight, nan), db, None, None, None
+    return dx, torch.full_like(weight, nan), db, None, None, None, None
+
+
+def _signed(u8: torch.Tensor) -> torch.Tensor:
+    """uint8 ``code + 128`` -> int8 ``code`` (a sign-bit flip)."""
+    return torch.bitwise_xor(u8, 128).view(torch.int8)
+
+
+def _usable_codes(x, prec: LayerPrecision) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(uint8 codes + 128 [rows, K], scale) of a per-tensor int8 input that both integer GEMMs reading the
+    activation (forward and weight gradient) can take unchanged: a per-tensor scale is a valid row-wise
+    and column-wise scale alike."""
+    fwd, gw = prec.forward, prec.grad_weight
+    if not isinstance(x, QActivation) or x.per_channel or not fwd.integer or not gw.integer:
+        return None
+    if any(s.fmt.bits != x.bits or not s.fmt.signed or not s.fmt.symmetric for s in (fwd.lhs, gw.rhs)):
+        return None
+    return x.codes.reshape(-1, x.shape[-1]), x.scale
 
 
 class _IntLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, weight, bias, prec: LayerPrecision, seeds: GemmSeeds, grad_hook=None):
+    def forward(ctx, x2, weight, bias, prec: LayerPrecision, seeds: GemmSeeds, grad_hook=None, emit_int8=False):
         # x2 is 2-D: int_linear flattens leading dims outside the Function, so the output is no view of
         # a Function-internal tensor (in-place ops such as ReLU(inplace=True) after the layer stay legal).
+        # Dataflow: x2 may be an int8 QActivation; a per-tensor one serves both GEMMs with its codes.
         fwd, gw = prec.forward, prec.grad_weight
+        codes = _usable_codes(x2, prec)
+        if codes is None and isinstance(x2, QActivation):
+            x2 = x2.dequantize()
         if fwd.integer:
-            qx, sx = quantize_matrix(x2, fwd.lhs, 0, seed=seeds[0])
-            check_finite(sx, "linear input")
+            if codes is not None:
+                qx, sx = _signed(codes[0]), codes[1].reshape(1, 1)
+            else:
+                qx, sx = quantize_matrix(x2, fwd.lhs, 0, seed=seeds[0])
+                check_finite(sx, "linear input")
             # W^T as the rhs is read through a transposed view: measured faster than having the quantizer
             # write it transposed (e.g. 2.1 vs 2.6 ms at 512x1024x1024, 149 vs 156 ms at 4096^3).
             qw, sw = quantize_matrix(weight, fwd.rhs, 0, seed=seeds[0] ^ 0x5BD1E995)
@@ -55,14 +80,20 @@ class _IntLinearFn(torch.autograd.Function):
             y = torch.nn.functional.linear(x2.float(), weight.float(), None if bias is None else bias.float())
         if not ctx.needs_input_grad[1]:  # inference / frozen weight: no dW, nothing to keep
             ctx.save_for_backward(weight)
+        elif codes is not None:  # the int8 input is the activation: its (shared, uint8) codes serve dW = dy^T x
+            ctx.save_for_backward(weight, codes[0], codes[1].reshape(1, 1))
+            ctx.x_shifted = True
         elif gw.integer:  # keep int8 codes of x for dW = dy^T x (quantized along its in-feature axis)
             qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=seeds[2] ^ 0x5BD1E995)
             ctx.save_for_backward(weight, qx_gw, sx_gw)
         else:
             ctx.save_for_backward(weight, x2)
         ctx.prec, ctx.seeds, ctx.has_bias, ctx.grad_hook = prec, seeds, bias is not None, grad_hook
-        ctx.x_shape, ctx.x_dtype = x2.shape, x2.dtype
-        return y.to(x2.dtype)
+        ctx.x_shape, ctx.x_dtype = x2.shape, torch.float32 if isinstance(x2, QActivation) else x2.dtype
+        ctx.x_shifted = getattr(ctx, "x_shifted", False)
+        if emit_int8:  # hand the next op int8 codes with one scale (a valid row scale for the next Linear)
+            return quantize_activation(y, per_channel=False, name="linear output")
+        return y.to(ctx.x_dtype)
 
     @staticmethod
     def backward(ctx, dy):
@@ -75,6 +106,8 @@ class _IntLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             if prec.grad_weight.integer:
                 qx, sx = saved
+                if ctx.x_shifted:
+                    qx = _signed(qx)
                 qg, sg = quantize_matrix(dy2, prec.grad_weight.lhs, 1, transpose=True, seed=seeds[2])
                 if not is_finite(sg):  # amax propagates inf/NaN, so this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
@@ -95,17 +128,23 @@ class _IntLinearFn(torch.autograd.Function):
             dx = dx.to(ctx.x_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0).to(weight.dtype)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def int_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prec: LayerPrecision,
-               seeds: GemmSeeds = (0, 0, 0), grad_hook=None) -> torch.Tensor:
+               seeds: GemmSeeds = (0, 0, 0), grad_hook=None, emit_int8: bool = False) -> torch.Tensor:
     """``F.linear`` with all three GEMMs in integer arithmetic as configured by ``prec``.
 
     ``grad_hook(dy, seed) -> dy``, if given, transforms the float output gradient before it is quantized
     (a recipe's gradient clipping or noise); it sees the 2-D ``[rows, out_features]`` gradient.
+    ``x`` may be an int8 :class:`QActivation`; ``emit_int8=True`` returns a 2-D input's output as one
+    (dataflow; inputs with more dimensions give float outputs).
     """
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear input has {x.shape[-1]} features, the layer expects {weight.shape[1]}")
-    y = _IntLinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, prec, seeds, grad_hook)
+    if x.dim() == 2:  # 2-D in and out: an int8 input and an int8 output pass through untouched
+        return _IntLinearFn.apply(x, weight, bias, prec, seeds, grad_hook, emit_int8)
+    # N-D (tokens): a reshape of a QActivation would run in float, so the int8 path is 2-D only for now
+    x = dequantize_if_quantized(x)
+    y = _IntLinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, prec, seeds, grad_hook, False)
     return y.reshape(*x.shape[:-1], weight.shape[0])

@@ -77,9 +77,11 @@ class QLinear(IntLayerMixin, nn.Linear):
     float_class = nn.Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = dequantize_if_quantized(x)  # the head of a CNN: tiny, so the int8 input is simply dequantized
+        if self.hooks is not None:  # a recipe's float transform of the input: the int8 input becomes float
+            x = dequantize_if_quantized(x)
         x, w, hook = _apply_hooks(self, x)
-        return int_linear(x, w, self.bias, self.precision, self._next_seeds(), grad_hook=hook)
+        return int_linear(x, w, self.bias, self.precision, self._next_seeds(), grad_hook=hook,
+                          emit_int8=self.dataflow)
 
 
 class QConv2d(IntLayerMixin, nn.Conv2d):
@@ -100,6 +102,8 @@ class QConv2d(IntLayerMixin, nn.Conv2d):
         from ..autograd.conv import ConvGeometry, int_conv2d
 
         geom = ConvGeometry(tuple(self.stride), tuple(self.padding), tuple(self.dilation), self.groups)
+        if self.hooks is not None:  # a recipe's float transform of the input: the int8 input becomes float
+            x = dequantize_if_quantized(x)
         x, w, hook = _apply_hooks(self, x)
         return int_conv2d(x, w, self.bias, geom, self.precision, self._next_seeds(), grad_hook=hook,
                           emit_int8=self.dataflow)
