@@ -115,16 +115,18 @@ class DataParallel:
 
     # ------------------------------------------------------------------ checkpoints and restarts
     def comm_state(self) -> dict[str, Any] | None:
-        """Every rank's hook state, gathered on all ranks (a collective: call it on every rank).
+        """Every rank's hook state, gathered to rank 0 (a collective: call it on every rank).
 
-        None for fp32 (nothing to keep); for int8 ``{"comm", "world", "ranks": [state per rank]}``.
+        None for fp32 (nothing to keep); for int8 ``{"comm", "world", "ranks": [state per rank]}`` on
+        rank 0 (``ranks`` is empty on the others, which write no checkpoint).
         """
         if self.comm != "int8" or self.hook_state is None:
             return None
         mine = self.hook_state.state_dict()
-        ranks: list[Any] = [None] * self.world
-        dist.all_gather_object(ranks, mine, group=self.process_group)
-        return {"comm": self.comm, "world": self.world, "ranks": ranks}
+        ranks: list[Any] | None = [None] * self.world if self.rank == 0 else None
+        dst = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+        dist.gather_object(mine, ranks, dst=dst, group=self.process_group)
+        return {"comm": self.comm, "world": self.world, "ranks": ranks or []}
 
     def load_comm_state(self, saved: dict[str, Any] | None) -> str:
         """Give this rank its saved hook state back; returns a line for the log ("" if nothing to say)."""
