@@ -38,6 +38,7 @@ class RunConfig:
     log_every: int = 10  # steps between metrics rows
     max_consecutive_skips: int = 10
     augment: str = "none"  # image batches: "crop-flip" (pad 4, random crop, horizontal flip; the CIFAR standard)
+    dataflow: bool = False  # integer recipes: int8 activations between layers (inttrain.prepare_(..., dataflow=True))
     val_fraction: float | None = None  # held out when the data has no test split (None: 0.2; text: 0.1)
     # Text / gpt-small only: context length and model size (None: gpt-small's benchmark defaults).
     seq_len: int = 64

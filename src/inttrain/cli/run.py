@@ -149,7 +149,7 @@ def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
     except ValueError as e:
         raise UsageProblem("--model", f"{cfg.model!r} does not fit dataset {cfg.dataset!r}: {e}") from e
     try:
-        apply_recipe(model, recipe_config if recipe_config is not None else cfg.recipe)
+        apply_recipe(model, recipe_config if recipe_config is not None else cfg.recipe, dataflow=cfg.dataflow)
     except ValueError as e:
         raise UsageProblem("--recipe" if cfg.bits is None else "--bits", f"{cfg.recipe!r}: {e}") from e
     from .schedule import build_schedule, make_scheduler

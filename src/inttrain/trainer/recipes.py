@@ -18,13 +18,18 @@ __all__ = ["FLOAT_RECIPES", "apply_recipe", "autocast_for"]
 FLOAT_RECIPES: tuple[str, ...] = ("fp32", "bf16")
 
 
-def apply_recipe(model: nn.Module, recipe: Any) -> None:
-    """Prepare ``model`` in place for ``recipe`` (a name or recipe config; no-op for the float recipes)."""
+def apply_recipe(model: nn.Module, recipe: Any, dataflow: bool = False) -> None:
+    """Prepare ``model`` in place for ``recipe`` (a name or recipe config; no-op for the float recipes).
+
+    ``dataflow``: int8 activations between layers (see :func:`inttrain.prepare_`).
+    """
     if isinstance(recipe, str) and recipe in FLOAT_RECIPES:
+        if dataflow:
+            raise ValueError(f"dataflow needs an integer recipe; {recipe!r} trains in float")
         return
     import inttrain  # lazy: the integer layers are only loaded when a run uses them
 
-    inttrain.prepare_(model, recipe)
+    inttrain.prepare_(model, recipe, dataflow=dataflow)
     from .recipe_training import swap_norms_
 
     swap_norms_(model, recipe)  # wageubn: 8-bit BN, sbm: Range BN
