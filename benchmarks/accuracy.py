@@ -228,7 +228,7 @@ def write_report(results: list[RecipeResult], out: Path, title: str, notes: list
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", required=True, help="Data file (e.g. ../shared/data/cifar10_train20k.npz).")
+    p.add_argument("--data", help="Data file (e.g. ../shared/data/cifar10_train20k.npz); required unless --report-only.")
     p.add_argument("--dataset", default="cifar10", help="Loader for --data (inttrain.data names). [cifar10]")
     p.add_argument("--model", default="resnet20", choices=MODEL_NAMES, help="Model. [resnet20]")
     p.add_argument("--train-size", type=int, default=8000)
@@ -242,7 +242,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/accuracy")
+    p.add_argument("--report-only", action="store_true",
+                   help="Rewrite accuracy.md/.png from --out's accuracy.json (no training); --data is ignored.")
     args = p.parse_args(argv)
+    if not args.data and not args.report_only:
+        p.error("--data is required (a data file such as ../shared/data/cifar10_train20k.npz)")
     args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     allowed = (*dict.fromkeys((*FLOAT_RECIPES, *inttrain.recipe_names())), "integer-only")
     bad = [r for r in args.recipes if r not in allowed]
@@ -251,12 +255,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> list[RecipeResult]:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    splits = load_splits(args.dataset, args.data, args.train_size, args.val_size, args.seed)
-    title = (f"{args.model} on {Path(args.data).name}: {len(splits.train)} train / {len(splits.val)} val, "
+def rerender(out: Path) -> list[RecipeResult]:
+    """Rewrite the report from ``out/accuracy.json`` with this script's current notes (no training)."""
+    data = json.loads((out / "accuracy.json").read_text())
+    names = {f for f in RecipeResult.__dataclass_fields__}
+    nan = lambda v: math.nan if v is None else v  # noqa: E731
+    results = [RecipeResult(**{k: nan(v) for k, v in row.items() if k in names}) for row in data["results"]]
+    meta = data["meta"]
+    title, notes = _title_and_notes(argparse.Namespace(**meta), len_train=meta["train_size"], len_val=meta["val_size"])
+    write_report(results, out, title, notes, meta)
+    return results
+
+
+def _title_and_notes(args: argparse.Namespace, len_train: int, len_val: int) -> tuple[str, list[str]]:
+    title = (f"{args.model} on {Path(args.data).name}: {len_train} train / {len_val} val, "
              f"{args.epochs} epochs, batch {args.batch_size}, lr {args.lr}")
     notes = [
         f"Same seed ({args.seed}), initial weights, data order and augmentation ({args.augment}) for every recipe; "
@@ -270,7 +282,20 @@ def main(argv: list[str] | None = None) -> list[RecipeResult]:
         "integer GEMM MACs: share of one training step's forward, input-gradient and weight-gradient "
         "multiply-accumulates (all Linear/Conv2d) that run on integer kernels.",
         "Single runs at a small budget: differences of about a point are within seed noise.",
+        "Recipes train one after another: on a shared machine each row's times also reflect the load of the "
+        "moment (accuracy.log has every epoch's timestamps); compare times only from runs on an idle machine.",
     ]
+    return title, notes
+
+
+def main(argv: list[str] | None = None) -> list[RecipeResult]:
+    args = parse_args(argv)
+    if args.report_only:
+        return rerender(Path(args.out))
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    splits = load_splits(args.dataset, args.data, args.train_size, args.val_size, args.seed)
+    title, notes = _title_and_notes(args, len(splits.train), len(splits.val))
     meta = {k: v for k, v in vars(args).items()}
     out.mkdir(parents=True, exist_ok=True)
     log_file = open(out / "accuracy.log", "a")

@@ -73,3 +73,6 @@ def test_tiny_end_to_end_run(bench, tmp_path: Path) -> None:
     assert "integer_only.convert cannot take small-cnn" in by["integer-only"].skipped
     md = (out / "accuracy.md").read_text()
     assert "| unified-int8 |" in md and (out / "accuracy.png").is_file() and (out / "accuracy.log").is_file()
+    (out / "accuracy.md").unlink()
+    bench.main(["--report-only", "--out", str(out)])  # the report again from accuracy.json alone
+    assert (out / "accuracy.md").read_text() == md
