@@ -208,7 +208,8 @@ def plot(results: list[RecipeResult], path: Path, title: str) -> None:
     for r in results:
         if r.val_accuracies and not r.same_as:
             ax.plot(range(1, len(r.val_accuracies) + 1), [100 * a for a in r.val_accuracies], marker="o", label=r.recipe)
-    ax.set(xlabel="epoch", ylabel="val accuracy (%)", title=title)
+    ax.set(xlabel="epoch", ylabel="val accuracy (%)")
+    ax.set_title(title, fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
