@@ -285,6 +285,11 @@ def _allowed_recipes() -> tuple[str, ...]:
 
 def _check_recipe(recipe: str, field: str) -> None:
     allowed = _allowed_recipes()
+    if recipe == "integer-only":  # no float master weights or autograd: not a prepare_ recipe (docs/cli.md)
+        raise _usage(field, "'integer-only' trains integer master weights with its own integer SGD, which this "
+                            "trainer (float optimizers and autograd) does not run; train it with the Python API "
+                            "(inttrain.recipes.integer_only.convert + inttrain.integer_only.train_epoch) or "
+                            "`python -m inttrain.micro train MODEL.json DATA.npz`, then `inttrain export`")
     if recipe not in allowed:
         raise _usage(field, f"{recipe!r} is not one of: {', '.join(allowed)}")
 
