@@ -8,7 +8,7 @@ NeurIPS 2018.
 - **stochastic rounding** of the gradients (Sec. 5), unbiased;
 - **Range Batch Normalization** (Sec. 4, Eq. 4-5): :class:`inttrain.nn.range_bn.RangeBatchNorm2d`;
   swap a model's BatchNorm2d with :func:`inttrain.nn.range_bn.use_range_bn_` (``prepare_`` only converts
-  Linear/Conv2d layers).
+  Linear/Conv2d layers; the trainer and ``inttrain train --recipe sbm`` do the swap).
 
 What is integer arithmetic: all three GEMMs.  The 16-bit ``dW`` GEMM is exact on int8 kernels: for
 Linear each int16 code is split into two int8 halves (``kernels.matmul.split_int16``); for Conv2d the

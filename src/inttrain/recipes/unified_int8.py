@@ -16,7 +16,9 @@ per tensor), plus the paper's two gradient techniques:
   multiplied by ``lr_scale = max(exp(-alpha d), beta)`` (alpha 20, beta 0.1 as in the paper), with ``d``
   the deviation measured at the layer's last search.  Build the optimizer from
   :func:`dclr_param_groups` and call :meth:`DeviationCounteractiveLR.step` before every
-  ``optimizer.step()``.
+  ``optimizer.step()`` (``inttrain.trainer.train`` and ``inttrain train --recipe unified-int8`` do this;
+  ``--no-dclr`` turns it off).  The DSGC state (:meth:`DSGCState.state_dict`) goes into the trainer's
+  checkpoints, so a resumed run clips, searches and scales the LR exactly as an uninterrupted one.
 
 What is integer arithmetic: the three GEMM products.  The clip search, the clamp, the cosine and the
 LR scaling are float32 bookkeeping outside the GEMMs.

@@ -25,7 +25,9 @@ bit shift.  Mapping onto inttrain:
   requantize the 24-bit master to 8 bits); the 16-bit momentum width is our recollection — flag it.
 - **BN**: :class:`inttrain.nn.quant_bn.QuantBatchNorm2d` (8-bit normalized output, gamma, beta and
   output; float32 statistics).  ``prepare_`` converts only Linear/Conv2d, so swap the BN layers with
-  :func:`inttrain.nn.quant_bn.use_quant_bn_` (or build the model with ``QuantBatchNorm2d``).
+  :func:`inttrain.nn.quant_bn.use_quant_bn_` (or build the model with ``QuantBatchNorm2d``).  The trainer and
+  ``inttrain train --recipe wageubn`` do both: WageubnSGD (momentum 0.9; other optimizers are refused) and
+  the BN swap; WageubnSGD's step counter is part of its ``state_dict`` (exact resume).
 
 What is integer arithmetic: the three GEMM products (real int8 kernels, int32 accumulation).  The G/U
 quantizers and the BN quantizers are exact fixed-point values held in float32 tensors (a simulation:
