@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.autograd import Function
 
 from ..kernels import dataflow_passes as passes
+from ..kernels.fused import quantize_matrix
 from ..numerics.quantize import check_finite
 from .qactivation import DEFERRED_OPS, INT8_OPS, DeferredQuant, QActivation, quantize_activation
 
@@ -353,6 +354,132 @@ def int8_batch_norm(x, running_mean, running_var, weight=None, bias=None, traini
                             0.0 if momentum is None else momentum, eps)
 
 
+# ----------------------------------------------------------------------------- views of the codes
+
+
+class _CodesView(Function):
+    """A rearrangement (view, reshape, transpose, permute, split, chunk) applied to the codes of a per-tensor
+    QActivation: exact, no dequantize.  Backward applies the float op's own backward to the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: QActivation, fn):
+        out = fn(x.codes)
+        ctx.x_shape, ctx.fn, ctx.multi = x.shape, fn, isinstance(out, (tuple, list))
+        if ctx.multi:
+            return tuple(_codes_like(x, o) for o in out)
+        return _codes_like(x, out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        with torch.enable_grad():
+            ref = grads[0].new_zeros(ctx.x_shape).requires_grad_()  # a linear op's backward reads no values
+            out = ctx.fn(ref)
+            outs = out if ctx.multi else (out,)
+            pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
+            (dx,) = torch.autograd.grad([o for o, _ in pairs], ref, [g for _, g in pairs])
+        return dx, None
+
+
+def _codes_view(method):
+    def impl(x, *args, **kwargs):
+        if not isinstance(x, QActivation) or x.per_channel:
+            return NotImplemented  # a per-channel scale cannot follow its channels through a rearrangement
+        if any(isinstance(a, torch.dtype) for a in (*args, *kwargs.values())):
+            return NotImplemented  # view(dtype) reinterprets bits: not a rearrangement
+        return _CodesView.apply(x, lambda t: method(t, *args, **kwargs))
+
+    return impl
+
+
+# ----------------------------------------------------------------------------- layer norm
+
+
+class _LayerNorm(Function):
+    """LayerNorm over the last dim; the input is kept as int8 codes with one scale per row (token)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps: float):
+        from ..kernels.fused import quantize_matrix
+        from ..spec import IntFormat, PerChannel, QuantSpec
+
+        with torch._C.DisableTorchFunctionSubclass():
+            xf = x.dequantize() if isinstance(x, QActivation) else x
+            rows = xf.reshape(-1, xf.shape[-1]).float()
+        codes, scale = quantize_matrix(rows, QuantSpec(IntFormat(8), PerChannel(0)), 0)
+        check_finite(scale, "layer_norm input")
+        xq = (codes.to(torch.float32) * scale).reshape(x.shape)  # the values forward normalises
+        d = x.shape[-1]
+        y, mean, rstd = torch.native_layer_norm(xq, [d], weight, bias, eps)
+        ctx.save_for_backward(codes, scale, weight, bias, mean, rstd)
+        ctx.x_shape = x.shape
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        codes, scale, weight, bias, mean, rstd = ctx.saved_tensors
+        xq = (codes.to(torch.float32) * scale).reshape(ctx.x_shape)
+        mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1],
+                bias is not None and ctx.needs_input_grad[2]]
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(g.contiguous(), xq, [ctx.x_shape[-1]], mean, rstd,
+                                                               weight, bias, mask)
+        return dx, dw, db, None
+
+
+def _layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    if not isinstance(x, (QActivation, DeferredQuant)) or len(tuple(normalized_shape)) != 1:
+        return NotImplemented
+    if isinstance(x, QActivation) and x.per_channel and x.dim() == 2:
+        return NotImplemented
+    return _LayerNorm.apply(x, weight, bias, eps)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+
+class _Attention(Function):
+    """Scaled dot-product attention on int8 q, k, v (CPU flash-attention kernel on their exact values).
+
+    Saves the q, k, v codes, the output as 16-bit codes and the float log-sum-exp per query row; the output
+    goes on as int8 (the next Linear consumes and keeps those codes).  Backward runs the kernel's own
+    backward on the saved values."""
+
+    @staticmethod
+    def forward(ctx, q: QActivation, k: QActivation, v: QActivation, is_causal: bool, scale):
+        qf, kf, vf = q.dequantize(), k.dequantize(), v.dequantize()
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qf, kf, vf, 0.0, is_causal, scale=scale)
+        oq = quantize_activation(out, per_channel=False, bits=q.bits, name="attention output")
+        # Backward's rowsum(dO * O) term is sensitive to O's rounding (int8 O cost ~5 dB of gradient SQNR on
+        # the qkv weights here): O is kept for it as 16-bit codes, half of float32.
+        o16, s16 = quantize_matrix(out.reshape(1, -1), _o_spec(), 1)
+        ctx.save_for_backward(q.codes, q.scale, k.codes, k.scale, v.codes, v.scale, o16, s16, lse)
+        ctx.is_causal, ctx.scale_arg, ctx.out_shape = is_causal, scale, out.shape
+        return QActivation(oq.codes.reshape(out.shape), oq.scale, oq.zero_point, oq.bits)
+
+    @staticmethod
+    def backward(ctx, g):
+        qc, qs, kc, ks, vc, vs, o16, s16, lse = ctx.saved_tensors
+        q, k, v = (QActivation(c, s).dequantize() for c, s in ((qc, qs), (kc, ks), (vc, vs)))
+        o = (o16.to(torch.float32) * s16).reshape(ctx.out_shape)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            g.contiguous(), q, k, v, o, lse, 0.0, ctx.is_causal, scale=ctx.scale_arg)
+        return dq, dk, dv, None, None
+
+
+def _o_spec():
+    from ..spec import IntFormat, QuantSpec
+
+    return QuantSpec(IntFormat(16))
+
+
+def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    ok = all(isinstance(t, QActivation) and not t.per_channel and t.dim() == 4 and t.device.type == "cpu"
+             for t in (query, key, value))
+    if not ok or attn_mask is not None or dropout_p != 0.0 or enable_gqa or query.shape[1] != key.shape[1]:
+        return NotImplemented
+    return _Attention.apply(query, key, value, bool(is_causal), scale)
+
+
 # ----------------------------------------------------------------------------- residual add
 
 
@@ -405,11 +532,20 @@ def _register() -> None:
         int8_batch_norm: [F.batch_norm],
         int8_add: [torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__iadd__, torch.Tensor.add_],
         _radd: [torch.Tensor.__radd__],
+        _layer_norm: [F.layer_norm],
+        _attention: [F.scaled_dot_product_attention],
     }
+    for method in (torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.transpose, torch.Tensor.permute,
+                   torch.Tensor.split, torch.Tensor.chunk, torch.Tensor.contiguous):
+        table[_codes_view(method)] = [method]
+    for fn, method in ((torch.reshape, torch.Tensor.reshape), (torch.transpose, torch.Tensor.transpose),
+                       (torch.permute, torch.Tensor.permute), (torch.split, torch.Tensor.split),
+                       (torch.chunk, torch.Tensor.chunk)):
+        table[_codes_view(method)] = [fn]
     for impl, funcs in table.items():
         for f in funcs:
             INT8_OPS[f] = impl
-    for impl in (int8_relu, int8_add, _radd):
+    for impl in (int8_relu, int8_add, _radd, _layer_norm):
         for f in table[impl]:
             DEFERRED_OPS[f] = impl
 

@@ -19,7 +19,7 @@ from ..kernels.fused import dequant_epilogue, quantize_matrix
 from ..kernels.matmul import int_mm
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision
-from .qactivation import QActivation, dequantize_if_quantized, quantize_activation
+from .qactivation import QActivation, quantize_activation
 
 __all__ = ["int_linear", "GemmSeeds"]
 
@@ -63,8 +63,11 @@ class _IntLinearFn(torch.autograd.Function):
         # Dataflow: x2 may be an int8 QActivation; a per-tensor one serves both GEMMs with its codes.
         fwd, gw = prec.forward, prec.grad_weight
         codes = _usable_codes(x2, prec)
+        in_shape = x2.shape
         if codes is None and isinstance(x2, QActivation):
             x2 = x2.dequantize()
+        if codes is None:
+            x2 = x2.reshape(-1, in_shape[-1])
         if fwd.integer:
             if codes is not None:
                 qx, sx = _signed(codes[0]), codes[1].reshape(1, 1)
@@ -89,17 +92,18 @@ class _IntLinearFn(torch.autograd.Function):
         else:
             ctx.save_for_backward(weight, x2)
         ctx.prec, ctx.seeds, ctx.has_bias, ctx.grad_hook = prec, seeds, bias is not None, grad_hook
-        ctx.x_shape, ctx.x_dtype = x2.shape, torch.float32 if isinstance(x2, QActivation) else x2.dtype
+        ctx.x_shape, ctx.x_dtype = in_shape, torch.float32 if isinstance(x2, QActivation) else x2.dtype
         ctx.x_shifted = getattr(ctx, "x_shifted", False)
         if emit_int8:  # hand the next op int8 codes with one scale (a valid row scale for the next Linear)
-            return quantize_activation(y, per_channel=False, name="linear output")
-        return y.to(ctx.x_dtype)
+            q = quantize_activation(y, per_channel=False, name="linear output")
+            return QActivation(q.codes.reshape(*in_shape[:-1], y.shape[-1]), q.scale, q.zero_point, q.bits)
+        return y.to(ctx.x_dtype)  # 2-D: the caller reshapes (a view made in here could not be modified in place)
 
     @staticmethod
     def backward(ctx, dy):
         weight, *saved = ctx.saved_tensors
         prec, seeds = ctx.prec, ctx.seeds
-        dy2 = dy.to(torch.float32)
+        dy2 = dy.to(torch.float32).reshape(-1, dy.shape[-1])
         if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
             dy2 = ctx.grad_hook(dy2, seeds[2] ^ 0x2545F491)
         dx = dw = db = None
@@ -125,7 +129,7 @@ class _IntLinearFn(torch.autograd.Function):
                 dx = dequant_epilogue(int_mm(qg, qw, reuse_output=True), sg, sw)
             else:
                 dx = dy2 @ weight.float()
-            dx = dx.to(ctx.x_dtype)
+            dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0).to(weight.dtype)
         return dx, dw, db, None, None, None, None
@@ -137,14 +141,12 @@ def int_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
     ``grad_hook(dy, seed) -> dy``, if given, transforms the float output gradient before it is quantized
     (a recipe's gradient clipping or noise); it sees the 2-D ``[rows, out_features]`` gradient.
-    ``x`` may be an int8 :class:`QActivation`; ``emit_int8=True`` returns a 2-D input's output as one
-    (dataflow; inputs with more dimensions give float outputs).
+    ``x`` may be an int8 :class:`QActivation` (its codes are used as they are when both GEMMs reading it
+    allow); ``emit_int8=True`` returns the output as one (dataflow).
     """
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear input has {x.shape[-1]} features, the layer expects {weight.shape[1]}")
-    if x.dim() == 2:  # 2-D in and out: an int8 input and an int8 output pass through untouched
-        return _IntLinearFn.apply(x, weight, bias, prec, seeds, grad_hook, emit_int8)
-    # N-D (tokens): a reshape of a QActivation would run in float, so the int8 path is 2-D only for now
-    x = dequantize_if_quantized(x)
-    y = _IntLinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, prec, seeds, grad_hook, False)
+    # An int8 input goes in whole (its codes are reshaped inside); a float one as a 2-D view.
+    y = _IntLinearFn.apply(x if isinstance(x, QActivation) else x.reshape(-1, x.shape[-1]), weight, bias, prec,
+                           seeds, grad_hook, emit_int8)
     return y.reshape(*x.shape[:-1], weight.shape[0])
