@@ -96,5 +96,5 @@ def test_compare_end_to_end(tmp_path: Path) -> None:
 
 def test_compare_validates_all_recipes_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", "--recipes", "fp32,int3", "--out", str(tmp_path / "c")]) == 2
-    assert capsys.readouterr().err.startswith("error: --recipe: 'int3' is not one of")
+    assert capsys.readouterr().err.startswith("error: --recipes: 'int3' is not one of")
     assert not (tmp_path / "c").exists()
