@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Int8 dataflow benchmark: activation memory and step time of a CIFAR ResNet-20 training step.
+"""Int8 dataflow benchmark: activation memory and step time of a CIFAR ResNet-20 and a small GPT training step.
 
-    python benchmarks/dataflow.py                  # batch 128, ~3 min on a 2-core VM
-    python benchmarks/dataflow.py --quick          # batch 32, fewer iterations (smoke run)
+    python benchmarks/dataflow.py                  # ResNet-20 batch 128 and GPT (d512 L4, seq 256, batch 8)
+    python benchmarks/dataflow.py --quick          # quarter batches, fewer iterations (smoke run)
+    python benchmarks/dataflow.py --only resnet20  # one model
     python benchmarks/dataflow.py --out results/   # also write dataflow.md there
 
 Variants, same initial weights and data, channels-last for all:
@@ -44,35 +45,52 @@ CL = torch.channels_last
 VARIANTS = ("fp32", "bf16", "int8", "int8 + dataflow")
 
 
-def _model(variant: str, state: dict) -> nn.Module:
-    m = build_model("resnet20", 10, 3, 32)
+def _build(name: str) -> nn.Module:
+    if name == "resnet20":
+        return build_model("resnet20", 10, 3, 32)
+    return build_model("gpt-small", 65, 1, 256, d_model=512, n_layers=4, n_heads=8)
+
+
+def _inputs(name: str, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    if name == "resnet20":
+        return (torch.randn(batch, 3, 32, 32, generator=g).contiguous(memory_format=CL),
+                torch.randint(0, 10, (batch,), generator=g))
+    return torch.randint(0, 65, (batch, 256), generator=g), torch.randint(0, 65, (batch, 256), generator=g)
+
+
+def _model(name: str, variant: str, state: dict) -> nn.Module:
+    m = _build(name)
     m.load_state_dict(state)
-    m = m.to(memory_format=CL)
+    if name == "resnet20":
+        m = m.to(memory_format=CL)
     if variant.startswith("int8"):
         inttrain.prepare_(m, "int8", dataflow=variant.endswith("dataflow"))
     return m.train()
 
 
 def _loss_fn(variant: str, m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def ce() -> torch.Tensor:
+        logits = m(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
     def loss() -> torch.Tensor:
         if variant == "bf16":
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                return F.cross_entropy(m(x), y)
-        return F.cross_entropy(m(x), y)
+                return ce()
+        return ce()
 
     return loss
 
 
-def run(batch: int, iters: int, warmup: int) -> list[dict]:
+def run(name: str, batch: int, iters: int, warmup: int) -> list[dict]:
     torch.manual_seed(0)
-    state = copy.deepcopy(build_model("resnet20", 10, 3, 32).state_dict())
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, 32, 32, generator=g).contiguous(memory_format=CL)
-    y = torch.randint(0, 10, (batch,), generator=g)
+    state = copy.deepcopy(_build(name).state_dict())
+    x, y = _inputs(name, batch)
     rows = []
     steps = {}
     for v in VARIANTS:
-        m = _model(v, state)
+        m = _model(name, v, state)
         loss = _loss_fn(v, m, x, y)
         nbytes = saved_activation_bytes(m, loss)
         opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
@@ -97,11 +115,14 @@ def run(batch: int, iters: int, warmup: int) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], batch: int) -> str:
+TITLES = {"resnet20": "CIFAR ResNet-20 training step", "gpt": "GPT training step (d512 L4 H8, seq 256, vocab 65)"}
+
+
+def markdown(name: str, rows: list[dict], batch: int) -> str:
     base = {r["variant"]: r for r in rows}
     fp32_mem, fp32_ms = base["fp32"]["saved_bytes"], statistics.median(base["fp32"]["times"]) * 1e3
     lines = [
-        f"CIFAR ResNet-20 training step, batch {batch}, torch {torch.__version__}, {torch.get_num_threads()} threads",
+        f"{TITLES[name]}, batch {batch}, torch {torch.__version__}, {torch.get_num_threads()} threads",
         "",
         "| variant | saved activations (MiB) | fp32 / this (memory) | step ms (median) | fp32 / this (time) |",
         "|---|---|---|---|---|",
@@ -115,15 +136,20 @@ def markdown(rows: list[dict], batch: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="batch 32, 3 timed iterations")
-    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="quarter batches, 3 timed iterations")
+    ap.add_argument("--only", default="resnet20,gpt", help="comma-separated subset of resnet20,gpt")
     ap.add_argument("--iters", type=int, default=None, help="timed iterations per variant (default 10)")
     ap.add_argument("--out", type=Path, default=None, help="folder to write dataflow.md into")
     a = ap.parse_args(argv)
-    batch = a.batch or (32 if a.quick else 128)
     iters = a.iters or (3 if a.quick else 10)
-    table = markdown(run(batch, iters, warmup=2 if a.quick else 3), batch)
-    print(table)
+    tables = []
+    for name in a.only.split(","):
+        if name not in TITLES:
+            ap.error(f"--only: {name!r} is not one of {', '.join(TITLES)}")
+        batch = {"resnet20": 128, "gpt": 8}[name] // (4 if a.quick else 1)
+        tables.append(markdown(name, run(name, batch, iters, warmup=2 if a.quick else 3), batch))
+        print(tables[-1], flush=True)
+    table = "\n".join(tables)
     if a.out is not None:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "dataflow.md").write_text(table)

@@ -405,3 +405,13 @@ def test_gpt_dataflow_memory_and_gradients():
     assert sizes["fp32"] / sizes["dataflow"] >= 3.0, sizes
     losses = [sqnr_db(g, grads["int8"][n]) - sqnr_db(g, grads["dataflow"][n]) for n, g in grads["fp32"].items()]
     assert max(losses) <= 4.0 and sum(losses) / len(losses) <= 1.5, losses
+
+
+def test_split_gradient_with_unused_pieces():
+    q = _q(shape=(2, 3, 12))
+    leaf, qin = _int8_leaf(q)
+    a, b, c = qin.split(4, dim=-1)
+    to_float(b).sum().backward()
+    expected = torch.zeros(2, 3, 12)
+    expected[..., 4:8] = 1
+    assert torch.equal(leaf.grad, expected)

@@ -359,25 +359,34 @@ def int8_batch_norm(x, running_mean, running_var, weight=None, bias=None, traini
 
 class _CodesView(Function):
     """A rearrangement (view, reshape, transpose, permute, split, chunk) applied to the codes of a per-tensor
-    QActivation: exact, no dequantize.  Backward applies the float op's own backward to the gradient."""
+    QActivation: exact, no dequantize.  Backward applies the rearrangement's inverse to the gradient."""
 
     @staticmethod
-    def forward(ctx, x: QActivation, fn):
-        out = fn(x.codes)
-        ctx.x_shape, ctx.fn, ctx.multi = x.shape, fn, isinstance(out, (tuple, list))
+    def forward(ctx, x: QActivation, method, args, kwargs):
+        out = method(x.codes, *args, **kwargs)
+        ctx.x_shape, ctx.method, ctx.args, ctx.kwargs = x.shape, method, args, kwargs
+        ctx.multi = isinstance(out, (tuple, list))
         if ctx.multi:
+            ctx.sizes = [o.shape for o in out]
             return tuple(_codes_like(x, o) for o in out)
         return _codes_like(x, out)
 
     @staticmethod
     def backward(ctx, *grads):
-        with torch.enable_grad():
-            ref = grads[0].new_zeros(ctx.x_shape).requires_grad_()  # a linear op's backward reads no values
-            out = ctx.fn(ref)
-            outs = out if ctx.multi else (out,)
-            pairs = [(o, g) for o, g in zip(outs, grads) if g is not None]
-            (dx,) = torch.autograd.grad([o for o, _ in pairs], ref, [g for _, g in pairs])
-        return dx, None
+        m, args, kw = ctx.method, ctx.args, ctx.kwargs
+        if m in (torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.contiguous):
+            dx = grads[0].reshape(ctx.x_shape)
+        elif m is torch.Tensor.transpose:
+            dx = grads[0].transpose(*args, **kw)
+        elif m is torch.Tensor.permute:
+            dims = args[0] if len(args) == 1 and not isinstance(args[0], int) else args
+            dx = grads[0].permute(*[list(dims).index(i) for i in range(len(dims))])
+        else:  # split / chunk: the pieces' gradients side by side (zeros for unused pieces)
+            dim = kw.get("dim", args[1] if len(args) > 1 else 0)
+            ref = next(g for g in grads if g is not None)
+            parts = [g if g is not None else ref.new_zeros(size) for g, size in zip(grads, ctx.sizes)]
+            dx = torch.cat(parts, dim)
+        return dx, None, None, None
 
 
 def _codes_view(method):
@@ -386,7 +395,7 @@ def _codes_view(method):
             return NotImplemented  # a per-channel scale cannot follow its channels through a rearrangement
         if any(isinstance(a, torch.dtype) for a in (*args, *kwargs.values())):
             return NotImplemented  # view(dtype) reinterprets bits: not a rearrangement
-        return _CodesView.apply(x, lambda t: method(t, *args, **kwargs))
+        return _CodesView.apply(x, method, args, kwargs)
 
     return impl
 
