@@ -49,19 +49,6 @@ HOOKS = ("fp32", "fp16", "powersgd", "int8")
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 
-_counted = {"bytes": 0}
-
-
-def _count(fn):
-    def wrapper(*args, **kwargs):
-        t = args[1] if fn.__name__ == "all_gather" else args[0]
-        _counted["bytes"] += t.numel() * t.element_size()
-        return fn(*args, **kwargs)
-
-    wrapper.__name__ = fn.__name__
-    return wrapper
-
-
 def load_data(path: str, n_train: int, n_val: int, seed: int):
     d = np.load(path)
     x, y = d["x"], d["y"].astype(np.int64)
@@ -113,6 +100,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
     import inttrain
+    from inttrain.distributed.compare import counting, sent_bytes
     from inttrain.models import build_model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -146,10 +134,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
                 t0 = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(ddp(x), y)
-                dist.all_reduce, dist.all_gather = _count(all_reduce), _count(all_gather)
-                before = _counted["bytes"]
+                dist.all_reduce, dist.all_gather = counting(all_reduce), counting(all_gather)
+                before = sent_bytes["bytes"]
                 loss.backward()
-                step_bytes.append(_counted["bytes"] - before)
+                step_bytes.append(sent_bytes["bytes"] - before)
                 dist.all_reduce, dist.all_gather = all_reduce, all_gather
                 opt.step()
                 step_times.append(time.perf_counter() - t0)

@@ -123,16 +123,7 @@ class QActivation(torch.Tensor):
     # -- routing ----------------------------------------------------------------------------------
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not INT8_OPS:
-            from . import dataflow  # noqa: F401  (registers the int8 ops)
-        impl = INT8_OPS.get(func)
-        if impl is not None:
-            out = impl(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+        return _route(INT8_OPS, func, args, kwargs or {})
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -161,16 +152,22 @@ class DeferredQuant(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not INT8_OPS:
-            from . import dataflow  # noqa: F401  (registers the ops)
-        impl = DEFERRED_OPS.get(func)
-        if impl is not None:
-            out = impl(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+        return _route(DEFERRED_OPS, func, args, kwargs or {})
+
+
+def _route(table: dict[Callable, Callable], func, args, kwargs):
+    """Run ``func``'s dataflow version from ``table`` if it has one that accepts these arguments, else ``func``
+    itself with subclass dispatch off (plain tensors out; a QActivation argument then reaches
+    ``__torch_dispatch__``, which dequantizes it)."""
+    if not INT8_OPS:
+        from . import dataflow  # noqa: F401  (registers the ops)
+    impl = table.get(func)
+    if impl is not None:
+        out = impl(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
 
 
 def fallback_ops_seen() -> set[str]:

@@ -25,13 +25,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from inttrain.distributed.hooks import FP32HookState, Int8HookState, fp32_allreduce_hook, int8_allreduce_hook
 
-_counted = {"bytes": 0}
+#: Bytes passed to the wrapped collectives so far in this process (see :func:`counting`).
+sent_bytes = {"bytes": 0}
 
 
-def _count(fn):
+def counting(fn):
+    """Wrap ``dist.all_reduce`` / ``dist.all_gather`` so the bytes of the tensor each call sends add up in
+    ``sent_bytes``."""
+
     def wrapper(*args, **kwargs):
         t = args[1] if fn.__name__ == "all_gather" else args[0]
-        _counted["bytes"] += t.numel() * t.element_size()
+        sent_bytes["bytes"] += t.numel() * t.element_size()
         return fn(*args, **kwargs)
 
     wrapper.__name__ = fn.__name__
@@ -68,8 +72,8 @@ def _worker(rank, world, port, steps, queue):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
-    dist.all_reduce = _count(dist.all_reduce)
-    dist.all_gather = _count(dist.all_gather)
+    dist.all_reduce = counting(dist.all_reduce)
+    dist.all_gather = counting(dist.all_gather)
     x, y, base = _problem()
     xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
     rows = []
@@ -83,10 +87,10 @@ def _worker(rank, world, port, steps, queue):
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(steps):
-            before = _counted["bytes"]
+            before = sent_bytes["bytes"]
             opt.zero_grad()
             nn.functional.cross_entropy(model(xs), ys).backward()
-            per_step.append(_counted["bytes"] - before)
+            per_step.append(sent_bytes["bytes"] - before)
             opt.step()
         dt = (time.perf_counter() - t0) / steps
         with torch.no_grad():
