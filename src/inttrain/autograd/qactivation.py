@@ -91,16 +91,15 @@ class QActivation(torch.Tensor):
     def dequantize(self) -> torch.Tensor:
         """The float32 values this tensor stands for (exact: codes times scale)."""
         c = self.codes
-        if self.zero_point == 128 and (c.dim() == 2 and c.is_contiguous() or
-                                       c.dim() == 4 and c.is_contiguous(memory_format=_CL)):
+        if self.zero_point == 128 and c.dim() >= 2:
             from ..kernels.dataflow_passes import dequantize_rows  # one fused pass over a [rows, C] view
 
-            rows = c if c.dim() == 2 else c.permute(0, 2, 3, 1).reshape(-1, c.shape[1])
-            out = dequantize_rows(rows, self.scale)
-            if c.dim() == 2:
-                return out
-            n, ch, h, w = c.shape
-            return out.reshape(n, h, w, ch).permute(0, 3, 1, 2)
+            if c.dim() == 4 and c.is_contiguous(memory_format=_CL):
+                n, ch, h, w = c.shape
+                return dequantize_rows(c.permute(0, 2, 3, 1).reshape(-1, ch), self.scale).reshape(
+                    n, h, w, ch).permute(0, 3, 1, 2)
+            if c.is_contiguous() and (c.dim() == 2 or not self.per_channel):
+                return dequantize_rows(c.reshape(-1, c.shape[-1]), self.scale).reshape(c.shape)
         codes = self.codes.to(torch.float32)
         if self.zero_point:
             codes = codes - self.zero_point
