@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from inttrain.cli.app import main
 from inttrain.schedules import cpt_bits
 
-# digits, batch 64: 22 steps per epoch.
-BASE = ["train", "--dataset", "digits", "--batch-size", "64", "--threads", "1", "--log-every", "1", "--recipe", "int8"]
-
-
-def _rows(run: Path) -> list[tuple]:
-    keys = ("kind", "step", "loss", "val_accuracy", "forward_bits", "grad_bits", "gbitops")
-    return [tuple(r[k] for k in keys) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+from schedule_run_utils import BASE, metric_rows as _rows, resumed_equals_uninterrupted
 
 
 @pytest.mark.parametrize("sched", [
@@ -27,20 +18,7 @@ def _rows(run: Path) -> list[tuple]:
     ["--schedule", "pfq", "--set", "schedule_window=3", "--set", "schedule_threshold=0.5"],
 ])
 def test_scheduled_resume_is_bit_identical(tmp_path: Path, sched: list[str]) -> None:
-    a, b = tmp_path / "a", tmp_path / "b"
-    assert main([*BASE, *sched, "--epochs", "1", "--max-steps", "9", "--out", str(a)]) == 0
-    state = torch.load(a / "checkpoints/last.state.pt", weights_only=True)
-    assert state["precision_scheduler"]["last_step"] == 9 and state["cost_counter"]["records"]
-    assert main(["resume", str(a)]) == 0
-    assert main([*BASE, *sched, "--epochs", "1", "--out", str(b)]) == 0
-    rows_a, rows_b = _rows(a), _rows(b)
-    assert [r[1] for r in rows_a if r[0] == "step"] == list(range(1, 23))
-    assert rows_a == rows_b
-    wa, wb = load_file(a / "checkpoints/last.safetensors"), load_file(b / "checkpoints/last.safetensors")
-    assert all(torch.equal(wa[k], wb[k]) for k in wb)
-    steps = [r for r in rows_b if r[0] == "step"]
-    assert len({r[4] for r in steps}) > 1  # the bits did change during the run
-    assert all(x[6] < y[6] for x, y in zip(steps, steps[1:]))  # cumulative GBitOPs grow
+    _, steps, _ = resumed_equals_uninterrupted(tmp_path, sched)
     if "cpt" in sched:
         assert [r[4] for r in steps] == [cpt_bits(t, 4, 8, 3, 22) for t in range(22)]
         assert {r[5] for r in steps} == {8}

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import socket
+import subprocess
 import time
 import traceback
 from datetime import timedelta
@@ -19,6 +21,22 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def run_process_group(cmd: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in its own session, without this process's RANK / WORLD_SIZE / LOCAL_RANK (plus ``env``);
+    on timeout kill the whole group (a launcher and its ranks) and re-raise."""
+    full = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    full.update(env)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def free_port() -> int:

@@ -7,8 +7,6 @@ it), and every rank's process group has ``--dist-timeout 20``: no test can hang.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,22 +17,15 @@ from safetensors.torch import load_file
 
 from inttrain.cli.app import main
 
+from ddp_utils import run_process_group
+
 BASE = ["--model", "mlp", "--dataset", "digits", "--batch-size", "64", "--log-every", "1", "--dist-timeout", "20"]
 # fp32 all-reduce of two 32-row means vs one 64-row mean: rounding differences only (measured ~1e-7).
 ATOL = 1e-5
 
 
 def _cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    p = subprocess.Popen([sys.executable, "-m", "inttrain", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)  # the launcher and its ranks
-        p.communicate()
-        raise
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    return run_process_group([sys.executable, "-m", "inttrain", *args], timeout)
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:

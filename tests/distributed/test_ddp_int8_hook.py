@@ -6,7 +6,6 @@ Spawning a rank costs seconds (importing torch), so the scenarios share one 2-ra
 
 import numpy as np
 import pytest
-import torch
 
 from ddp_utils import run_ranks
 

@@ -8,8 +8,6 @@ session with a hard timeout (killed as a group past it) and ``--dist-timeout``, 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,24 +17,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ddp_utils import free_port
+from ddp_utils import free_port, run_process_group
 
 BASE = ["--model", "small-cnn", "--dataset", "digits", "--batch-size", "64", "--log-every", "1", "--threads", "1",
         "--dist-timeout", "20", "--comm", "int8", "--save-every", "5", "--max-steps", "14"]
 
 
 def _run(cmd: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    full.update(OMP_NUM_THREADS="1", **env)
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
-                         start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)  # the launcher and its ranks
-        p.communicate()
-        raise
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+    return run_process_group(cmd, timeout, OMP_NUM_THREADS="1", **env)
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -3,7 +3,6 @@ against float64 torch convolutions."""
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch

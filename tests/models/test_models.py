@@ -9,14 +9,7 @@ from torch import nn
 
 from inttrain.models import MODEL_NAMES, build_model
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny batches: one thread is as fast and immune to thread-pool spinning
-    # against other processes on a busy machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # name -> (num_classes, in_channels, image_size) small enough to be fast

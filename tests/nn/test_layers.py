@@ -8,7 +8,7 @@ from torch import nn
 
 import inttrain
 from inttrain.kernels import int_kernel_calls, reset_kernel_calls
-from inttrain.nn import QConv2d, QLinear
+from inttrain.nn import QLinear
 from inttrain.recipes import Int8MixedConfig
 from inttrain.spec import UnsupportedFormatError
 

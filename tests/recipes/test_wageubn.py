@@ -13,7 +13,7 @@ from inttrain.kernels import int_kernel_calls, reset_kernel_calls
 from inttrain.nn.quant_bn import QuantBatchNorm2d, pow2_quantize
 from inttrain.recipes import WageubnConfig, WageubnSGD
 from inttrain.recipes.wageubn import quantize_grads_
-from inttrain.spec import PerTensor, Rounding, ScaleKind, UnsupportedFormatError
+from inttrain.spec import PerTensor, ScaleKind, UnsupportedFormatError
 
 
 def _is_pow2(s) -> bool:

@@ -9,24 +9,14 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from inttrain.data import DatasetSplits, load_dataset
+from inttrain.data import DatasetSplits
 from inttrain.models import build_model
 from inttrain.trainer import NonFiniteLossError, RunResult, TrainHooks, train
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny models: one thread is as fast, and immune to slowdowns from thread
-    # pools spinning against other processes on a busy CI machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def digits() -> DatasetSplits:
-    return load_dataset("digits")
 
 
 def _run(splits: DatasetSplits, recipe: str = "fp32", seed: int = 0, epochs: int = 3, **kw: object) -> RunResult:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from inttrain.data import DatasetSplits, load_dataset
+from inttrain.data import DatasetSplits
 from inttrain.models import build_model
 from inttrain.nn.quant_bn import QuantBatchNorm2d
 from inttrain.nn.range_bn import RangeBatchNorm2d
@@ -27,17 +27,9 @@ RECIPES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def digits() -> DatasetSplits:
-    return load_dataset("digits")
 
 
 class Keep(TrainHooks):
