@@ -1,23 +1,29 @@
-"""Int8-in / int8-out versions of the ops between integer layers, each an autograd Function.
+"""Int8-in versions of the ops between integer layers, each an autograd Function.
 
-Every op reads the codes of a :class:`~inttrain.autograd.qactivation.QActivation`, returns a
-QActivation, and saves only int8 codes (or a 1-byte mask) for backward.  Gradients between layers
-stay float32 (autograd sums them where branches meet); each integer layer quantizes the gradient it
-consumes for its own GEMMs.
+Every op reads the codes of a :class:`~inttrain.autograd.qactivation.QActivation` and saves only int8
+codes (or a 1-byte mask) for backward.  Most return a QActivation; batch norm and the residual add
+return a :class:`~inttrain.autograd.qactivation.DeferredQuant` (float, not saved by anyone) that the
+consuming ReLU quantizes after applying itself, so the int8 grid covers only what survives the ReLU.
+Gradients between layers stay float32 (autograd sums them where branches meet); each integer layer
+quantizes the gradient it consumes for its own GEMMs.
 
 Exactness (value = scale * code):
     relu, max_pool2d, flatten, dropout   exact: the same codes (dropout divides the scale by 1 - p)
+    views, reshapes, transposes, splits  exact: the same codes rearranged
     relu6                                the bound 6 is rounded to the code grid: error <= scale / 2
     avg_pool2d, adaptive_avg_pool2d      the window mean of the codes, rounded half-even: <= scale / 2
-    batch_norm, add                      computed in float on the exact dequantized values, output
-                                         re-quantized per tensor (absmax scale): <= out_scale / 2
+    batch_norm, add                      float on the exact dequantized values; the consumer (ReLU)
+                                         quantizes per tensor (absmax scale): <= out_scale / 2
+    layer_norm                           input rounded to int8 per row (token), float output
+    attention                            float softmax on exact q, k, v; output <= out_scale / 2
 Backward formulas are the float ops' formulas evaluated on the values forward used, so a gradient
-is exact for the quantized forward (batch norm recomputes its normalised input from the saved codes).
+is exact for the quantized forward (batch norm and layer norm recompute their normalised input from
+the saved codes; attention keeps its output as 16-bit codes for backward).
 
 The residual add's scale rule: the two operands may carry very different scales (a shortcut and a
-main branch); the sum is formed from both exact values and given a new scale ``amax(sum) / 127``,
-so neither operand is first squeezed onto the other's grid.  In backward the add passes its float
-output gradient to both branches unchanged, and autograd adds the branch gradients in float, so
+main branch); the sum is formed from both exact values and given one new scale ``amax / 127`` by its
+consumer, so neither operand is first squeezed onto the other's grid.  In backward the add passes its
+float output gradient to both branches unchanged, and autograd adds the branch gradients in float, so
 the gradient arriving at the block input has no scale to lose.
 """
 
