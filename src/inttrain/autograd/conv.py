@@ -24,7 +24,7 @@ from ..kernels.conv import ConvGeometry
 from ..kernels.fused import quantize_matrix
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
-from .qactivation import QActivation, quantize_activation
+from .qactivation import QActivation, quantize_activation, quantize_rows_of
 
 __all__ = ["int_conv2d", "ConvGeometry", "check_conv_precision"]
 
@@ -61,13 +61,10 @@ def _quantize_activation(x: torch.Tensor, spec: QuantSpec, seed: int, per_channe
     ``per_channel`` gives one scale per channel C (shape [C]); otherwise one scale (shape [1]).
     ``zero_point=128`` emits the shifted uint8 codes oneDNN's int8 convolution consumes.
     """
-    x = x.contiguous(memory_format=_CL)
-    n, c, h, w = x.shape
-    rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)  # a view: channels-last memory is NHWC
     if not per_channel:
         spec = dataclasses.replace(spec, granularity=PerTensor())
-    codes, scale = quantize_matrix(rows, spec, 1, seed=seed, zero_point=zero_point)
-    return codes.reshape(n, h, w, c).permute(0, 3, 1, 2), scale.reshape(-1)
+    codes, scale = quantize_rows_of(x, spec, seed=seed, zero_point=zero_point)
+    return codes, scale.reshape(-1)
 
 
 def _quantize_weight(w: torch.Tensor, spec: QuantSpec, seed: int, per_input_channel: bool, groups: int):

@@ -36,11 +36,15 @@ from torch.autograd import Function
 from ..kernels import dataflow_passes as passes
 from ..kernels.fused import quantize_matrix
 from ..numerics.quantize import check_finite
-from .qactivation import DEFERRED_OPS, INT8_OPS, DeferredQuant, QActivation, quantize_activation
+from ..spec import IntFormat, PerChannel, QuantSpec
+from .qactivation import (DEFERRED_OPS, INT8_OPS, DeferredQuant, QActivation, from_rows, quantize_activation,
+                          rows_view)
 
 __all__ = ["to_float", "int8_relu", "int8_add", "int8_batch_norm"]
 
 _CL = torch.channels_last
+_ROW_SPEC = QuantSpec(IntFormat(8), PerChannel(0))  # LayerNorm input: one scale per row (token)
+_O16_SPEC = QuantSpec(IntFormat(16))  # attention output kept for backward
 
 
 def _codes_like(x: QActivation, codes: torch.Tensor, scale: torch.Tensor | None = None) -> QActivation:
@@ -61,30 +65,13 @@ def _empty_like_shape(shape, ref: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.float32, device=ref.device, memory_format=fmt)
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor | None:
-    """The ``[rows, C]`` matrix view of a 2-D tensor or a channels-last 4-D tensor (None otherwise)."""
-    if t.dim() == 2 and t.is_contiguous():
-        return t
-    if t.dim() == 4 and t.is_contiguous(memory_format=_CL):
-        return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
-    return None
-
-
 def _rows_of(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``t`` (same shape as ``like``) as rows in ``like``'s layout, copying only if its layout differs."""
     if t.dim() == 4:
         t = t.contiguous(memory_format=_CL)
     elif t.dim() == 2:
         t = t.contiguous()
-    return _rows(t)
-
-
-def _unrows(r: torch.Tensor, shape) -> torch.Tensor:
-    """Inverse of :func:`_rows`: the NCHW (channels-last) or 2-D tensor of ``shape``."""
-    if len(shape) == 4:
-        n, c, h, w = shape
-        return r.reshape(n, h, w, c).permute(0, 3, 1, 2)
-    return r.reshape(shape)
+    return rows_view(t)
 
 
 # ----------------------------------------------------------------------------- boundary
@@ -123,9 +110,9 @@ class _ReLU(Function):
 
 
 def _relu_backward(codes: torch.Tensor, g: torch.Tensor, zp: int) -> torch.Tensor:
-    rows = _rows(codes)
+    rows = rows_view(codes)
     if zp == 128 and rows is not None:
-        return _unrows(passes.relu_grad(rows, _rows_of(g, codes)), codes.shape)
+        return from_rows(passes.relu_grad(rows, _rows_of(g, codes)), codes.shape)
     return torch.where(codes > zp, g, 0.0)
 
 
@@ -141,8 +128,7 @@ class _ReLU6(Function):
     @staticmethod
     def backward(ctx, g):
         codes, scale = ctx.saved_tensors
-        value = (codes.to(torch.float32) - ctx.zp) * (scale.reshape(1, -1, *([1] * (codes.dim() - 2)))
-                                                      if scale.numel() > 1 else scale)
+        value = QActivation(codes, scale, ctx.zp).dequantize()
         return torch.where((value > 0) & (value < 6), g, 0.0)
 
 
@@ -152,11 +138,11 @@ class _ReLUQuantize(Function):
     @staticmethod
     def forward(ctx, x, bits: int):
         with torch._C.DisableTorchFunctionSubclass():
-            rows = _rows(x)
+            rows = rows_view(x)
             if rows is not None:
                 codes, scale = passes.relu_quantize_rows(rows, bits)
                 check_finite(scale, "relu output")
-                out = QActivation(_unrows(codes, x.shape), scale, 128, bits)
+                out = QActivation(from_rows(codes, x.shape), scale, 128, bits)
             else:
                 out = quantize_activation(torch.relu(x), per_channel=False, bits=bits, name="relu output")
         ctx.save_for_backward(out.codes)
@@ -310,7 +296,7 @@ def _dropout(x, p: float = 0.5, training: bool = True, inplace: bool = False):
 class _BatchNorm(Function):
     @staticmethod
     def forward(ctx, x: QActivation, weight, bias, running_mean, running_var, training, momentum, eps):
-        rows = _rows(x.codes)
+        rows = rows_view(x.codes)
         fused = training and rows is not None and x.zero_point == 128
         c = x.shape[1]
         w = weight if weight is not None else torch.ones(c, device=x.device)
@@ -322,7 +308,7 @@ class _BatchNorm(Function):
                 with torch.no_grad():
                     running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)
                     running_var.mul_(1 - momentum).add_(var * (m / max(m - 1, 1)), alpha=momentum)
-            y = _unrows(y, x.shape)
+            y = from_rows(y, x.shape)
         else:
             y, mean, invstd = torch.native_batch_norm(x.dequantize(), weight, bias, running_mean, running_var,
                                                       training, momentum, eps)
@@ -336,9 +322,9 @@ class _BatchNorm(Function):
     def backward(ctx, g):
         codes, scale, weight, mean, invstd, running_mean, running_var = ctx.saved_tensors
         if ctx.fused:  # the normalised input is recomputed from the int8 codes inside the fused pass
-            dx, dw, db = passes.batch_norm_backward_rows(_rows(codes), scale, _rows_of(g, codes), mean, invstd,
+            dx, dw, db = passes.batch_norm_backward_rows(rows_view(codes), scale, _rows_of(g, codes), mean, invstd,
                                                          weight)
-            dx = _unrows(dx, codes.shape)
+            dx = from_rows(dx, codes.shape)
         else:
             xf = QActivation(codes, scale, ctx.zp).dequantize()
             mask = [ctx.needs_input_grad[0], ctx.has_weight and ctx.needs_input_grad[1], ctx.needs_input_grad[2]]
@@ -414,13 +400,10 @@ class _LayerNorm(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps: float):
-        from ..kernels.fused import quantize_matrix
-        from ..spec import IntFormat, PerChannel, QuantSpec
-
         with torch._C.DisableTorchFunctionSubclass():
             xf = x.dequantize() if isinstance(x, QActivation) else x
             rows = xf.reshape(-1, xf.shape[-1]).float()
-        codes, scale = quantize_matrix(rows, QuantSpec(IntFormat(8), PerChannel(0)), 0)
+        codes, scale = quantize_matrix(rows, _ROW_SPEC, 0)
         check_finite(scale, "layer_norm input")
         xq = (codes.to(torch.float32) * scale).reshape(x.shape)  # the values forward normalises
         d = x.shape[-1]
@@ -466,7 +449,7 @@ class _Attention(Function):
         oq = quantize_activation(out, per_channel=False, bits=q.bits, name="attention output")
         # Backward's rowsum(dO * O) term is sensitive to O's rounding (int8 O cost ~5 dB of gradient SQNR on
         # the qkv weights here): O is kept for it as 16-bit codes, half of float32.
-        o16, s16 = quantize_matrix(out.reshape(1, -1), _o_spec(), 1)
+        o16, s16 = quantize_matrix(out.reshape(1, -1), _O16_SPEC, 1)
         ctx.save_for_backward(q.codes, q.scale, k.codes, k.scale, v.codes, v.scale, o16, s16, lse)
         ctx.is_causal, ctx.scale_arg, ctx.out_shape = is_causal, scale, out.shape
         return QActivation(oq.codes.reshape(out.shape), oq.scale, oq.zero_point, oq.bits)
@@ -479,12 +462,6 @@ class _Attention(Function):
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             g.contiguous(), q, k, v, o, lse, 0.0, ctx.is_causal, scale=ctx.scale_arg)
         return dq, dk, dv, None, None
-
-
-def _o_spec():
-    from ..spec import IntFormat, QuantSpec
-
-    return QuantSpec(IntFormat(16))
 
 
 def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -507,8 +484,8 @@ class _Add(Function):
                 a, b = b, a
             af = a.dequantize() if isinstance(a, QActivation) else a.float()
             rows_a = _rows_of(af, af)
-            if isinstance(b, QActivation) and rows_a is not None and _rows(b.codes) is not None:
-                total = _unrows(passes.add_rows(rows_a, _rows(b.codes), b.scale), af.shape)
+            if isinstance(b, QActivation) and rows_a is not None and rows_view(b.codes) is not None:
+                total = from_rows(passes.add_rows(rows_a, rows_view(b.codes), b.scale), af.shape)
             else:
                 total = af + (b.dequantize() if isinstance(b, QActivation) else b.float())
             out = total.as_subclass(DeferredQuant)  # quantized by its consumer, usually the block's ReLU

@@ -85,7 +85,6 @@ class _IntLinearFn(torch.autograd.Function):
             ctx.save_for_backward(weight)
         elif codes is not None:  # the int8 input is the activation: its (shared, uint8) codes serve dW = dy^T x
             ctx.save_for_backward(weight, codes[0], codes[1].reshape(1, 1))
-            ctx.x_shifted = True
         elif gw.integer:  # keep int8 codes of x for dW = dy^T x (quantized along its in-feature axis)
             qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=seeds[2] ^ 0x5BD1E995)
             ctx.save_for_backward(weight, qx_gw, sx_gw)
@@ -93,7 +92,7 @@ class _IntLinearFn(torch.autograd.Function):
             ctx.save_for_backward(weight, x2)
         ctx.prec, ctx.seeds, ctx.has_bias, ctx.grad_hook = prec, seeds, bias is not None, grad_hook
         ctx.x_shape, ctx.x_dtype = in_shape, torch.float32 if isinstance(x2, QActivation) else x2.dtype
-        ctx.x_shifted = getattr(ctx, "x_shifted", False)
+        ctx.x_shifted = codes is not None  # saved dW operand is uint8 code + 128
         if emit_int8:  # hand the next op int8 codes with one scale (a valid row scale for the next Linear)
             q = quantize_activation(y, per_channel=False, name="linear output")
             return QActivation(q.codes.reshape(*in_shape[:-1], y.shape[-1]), q.scale, q.zero_point, q.bits)

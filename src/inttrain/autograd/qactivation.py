@@ -40,6 +40,36 @@ _FALLBACKS_SEEN: set[str] = set()
 _CL = torch.channels_last
 
 
+def rows_view(t: torch.Tensor) -> torch.Tensor | None:
+    """The ``[rows, C]`` matrix view of a contiguous 2-D tensor or a channels-last 4-D tensor (None otherwise)."""
+    if t.dim() == 2 and t.is_contiguous():
+        return t
+    if t.dim() == 4 and t.is_contiguous(memory_format=_CL):
+        return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
+    return None
+
+
+def from_rows(r: torch.Tensor, shape) -> torch.Tensor:
+    """Inverse of :func:`rows_view`: the NCHW (channels-last) or 2-D tensor of ``shape``."""
+    if len(shape) == 4:
+        n, c, h, w = shape
+        return r.reshape(n, h, w, c).permute(0, 3, 1, 2)
+    return r.reshape(shape)
+
+
+def quantize_rows_of(x: torch.Tensor, spec, seed: int = 0, zero_point: int = 0):
+    """Quantize a 2-D or NCHW tensor through its ``[rows, C]`` view (channels-last for 4-D); ``spec``'s
+    PerChannel gives one scale per channel C.  Returns ``(codes shaped like x, scale)``."""
+    from ..kernels.fused import quantize_matrix
+
+    if x.dim() == 4:
+        x = x.contiguous(memory_format=_CL)
+    elif x.dim() == 2:
+        x = x.contiguous()
+    codes, scale = quantize_matrix(rows_view(x), spec, 1, seed=seed, zero_point=zero_point)
+    return from_rows(codes, x.shape), scale
+
+
 class QActivation(torch.Tensor):
     """A float32-valued tensor stored as int codes: ``value = scale * (codes - zero_point)``.
 
@@ -91,14 +121,13 @@ class QActivation(torch.Tensor):
     def dequantize(self) -> torch.Tensor:
         """The float32 values this tensor stands for (exact: codes times scale)."""
         c = self.codes
-        if self.zero_point == 128 and c.dim() >= 2:
+        if self.zero_point == 128:
             from ..kernels.dataflow_passes import dequantize_rows  # one fused pass over a [rows, C] view
 
-            if c.dim() == 4 and c.is_contiguous(memory_format=_CL):
-                n, ch, h, w = c.shape
-                return dequantize_rows(c.permute(0, 2, 3, 1).reshape(-1, ch), self.scale).reshape(
-                    n, h, w, ch).permute(0, 3, 1, 2)
-            if c.is_contiguous() and (c.dim() == 2 or not self.per_channel):
+            rows = rows_view(c)
+            if rows is not None:
+                return from_rows(dequantize_rows(rows, self.scale), c.shape)
+            if c.dim() > 2 and c.is_contiguous() and not self.per_channel:
                 return dequantize_rows(c.reshape(-1, c.shape[-1]), self.scale).reshape(c.shape)
         codes = self.codes.to(torch.float32)
         if self.zero_point:
@@ -196,14 +225,8 @@ def quantize_activation(x: torch.Tensor, per_channel: bool = False, bits: int = 
 
     spec = QuantSpec(IntFormat(bits), PerChannel(axis=1) if per_channel else PerTensor())
     x = x.detach()
-    if x.dim() == 4:
-        x = x.contiguous(memory_format=_CL)
-        n, c, h, w = x.shape
-        rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)
-        codes, scale = quantize_matrix(rows, spec, 1, zero_point=128)
-        codes = codes.reshape(n, h, w, c).permute(0, 3, 1, 2)
-    elif x.dim() == 2:
-        codes, scale = quantize_matrix(x.contiguous(), spec, 1, zero_point=128)
+    if x.dim() in (2, 4):
+        codes, scale = quantize_rows_of(x, spec, zero_point=128)
     else:
         if per_channel:
             raise ValueError("per-channel QActivation needs a 2-D or 4-D tensor")
