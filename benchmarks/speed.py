@@ -1,25 +1,31 @@
 #!/usr/bin/env python
-"""Speed benchmark: fp32 eager vs bf16 autocast vs inttrain int8, fwd+bwd, on CPU.
+"""Speed benchmark: fp32 vs bf16 autocast vs inttrain int8 (and int8 dataflow), each eager and compiled, on CPU.
 
-    python benchmarks/speed.py                      # full run (< ~10 min on a 2-core VM)
-    python benchmarks/speed.py --quick              # ~2 min smoke run
+    python benchmarks/speed.py                      # full run (~15 min on a 2-core VM)
+    python benchmarks/speed.py --threads 1          # the same at one thread
+    python benchmarks/speed.py --quick              # smoke run
     python benchmarks/speed.py --only linear,gpt    # a subset: linear, conv, mlp, resnet20, gpt
     python benchmarks/speed.py --json out.json      # also dump every sample as JSON
 
-Every row times the same work three ways, on the same input data and the same initial weights
+Every row times the same work in several variants, on the same input data and the same initial weights
 (one model is built, the others get a copy of its state_dict):
 
-- fp32: plain eager float32 (for convolutions both NCHW and channels_last; ratios use the faster),
-- bf16: ``torch.autocast("cpu", dtype=torch.bfloat16)`` around the forward (and loss),
-- int8: ``inttrain.prepare_(model, "int8")`` (int8 forward, input-gradient and weight-gradient GEMMs).
+- ``fp32``: plain float32 (for convolutions also channels_last, ``fp32_cl``),
+- ``bf16``: ``torch.autocast("cpu", dtype=torch.bfloat16)`` around the forward (and loss),
+- ``int8``: ``inttrain.prepare_(model, "int8")`` (int8 forward, input-gradient and weight-gradient GEMMs),
+- ``int8_df``: ``inttrain.prepare_(model, "int8", dataflow=True)`` (whole models only),
 
-Each variant is warmed up (int8's first calls run torch.compile), then timed with
-``time.perf_counter`` for N iterations, N chosen from the warm-up time so that each variant gets a
-fixed time budget.  The variants of one row are timed interleaved (one iteration of each in turn),
-so a slow-down of the shared machine hits all of them alike; the median is reported.  For every
-int8 row the integer-kernel counters (``inttrain.kernels.int_kernel_calls``) are checked to have
-increased during the timed iterations.  No environment variables are set: default allocator and
-default thread count.
+and each of them once more compiled (suffix ``+c``): ``torch.compile(model)`` around the layer or model
+(forward and backward in one graph; the optimizer step stays eager for every variant alike).  A family's
+figure is its best variant (eager or compiled); ratios compare int8 at its best with fp32 and bf16 at their
+best.  Compile time is the first iteration's time and is reported separately.
+
+Each variant is warmed up, then timed with ``time.perf_counter``; the variants of one row are timed
+interleaved (one iteration of each in turn), so a slow-down of the shared machine hits all of them alike;
+the median is reported.  For every int8 variant the integer-kernel counters
+(``inttrain.kernels.int_kernel_calls``) are checked to have increased during its timed iterations.
+No environment variables are set: default allocator; ``--threads`` (default: the machine's) is the only
+setting.
 """
 
 from __future__ import annotations
@@ -45,36 +51,31 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     import inttrain
-from inttrain.kernels import int_kernel_calls, reset_kernel_calls
-from inttrain.models import build_model
+from inttrain.kernels import int_kernel_calls, reset_kernel_calls  # noqa: E402
+from inttrain.models import build_model  # noqa: E402
 
 CL = torch.channels_last
 BF16 = torch.bfloat16
-CONV_UNAVAILABLE = "conv kernels not available"
 SECTIONS = ("linear", "conv", "mlp", "resnet20", "gpt")
-
-
-def conv_kernels_available() -> tuple[bool, str]:
-    try:
-        importlib.import_module("inttrain.kernels.conv")
-        importlib.import_module("inttrain.autograd.conv")
-    except Exception as exc:  # ImportError while the kernels are being written, or a broken module
-        return False, f"{type(exc).__name__}: {exc}"
-    return True, ""
+FAMILIES = ("fp32", "bf16", "int8", "int8_df")
 
 
 # --------------------------------------------------------------------------------------------------
-# Variants: a step() closure per precision/layout.
+# Variants: a step() closure per precision, layout and mode (eager / compiled).
 
 
 @dataclass
 class Variant:
-    name: str                      # "fp32", "fp32_cl", "bf16", "int8"
+    name: str                      # e.g. "fp32", "fp32_cl", "bf16+c", "int8", "int8_df+c"
     step: Callable[[], None] | None
-    error: str | None = None       # why it could not run (e.g. conv kernels not available)
+    error: str | None = None       # why it could not run
     samples: list[float] = field(default_factory=list)
-    warmup_s: float = 0.0
-    kernel_calls: dict[str, int] = field(default_factory=dict)  # int8: integer-kernel launches per iter
+    first_s: float = 0.0           # the first iteration (compiles, for "+c" variants)
+    kernel_calls: dict[str, float] = field(default_factory=dict)  # int8: integer-kernel launches per iter
+
+    @property
+    def family(self) -> str:
+        return self.name.split("+")[0].replace("_nchw", "")
 
     @property
     def median_ms(self) -> float | None:
@@ -86,56 +87,55 @@ class Row:
     section: str
     name: str
     shape: str
-    target: float | None           # required fp32/int8 ratio (vs the faster fp32 layout)
-    beat_bf16: bool = False        # additionally: int8 must be faster than bf16
+    targets: dict[str, float]      # e.g. {"bf16": 1.6, "fp32": 2.0}: required ratio of int8 (best) over each
     variants: dict[str, Variant] = field(default_factory=dict)
-    note: str = ""
+
+    def best(self, family: str) -> Variant | None:
+        done = [v for v in self.variants.values() if v.family == family and v.samples]
+        return min(done, key=lambda v: v.median_ms) if done else None
 
 
-def _int8(module: nn.Module) -> nn.Module:
-    return inttrain.prepare_(module, "int8")
-
-
-def _convert_int8(build: Callable[[], Callable[[], None]], needs_conv: bool, conv_ok: bool) -> Variant:
-    if needs_conv and not conv_ok:
-        return Variant("int8", None, error=CONV_UNAVAILABLE)
+def _variant(name: str, build: Callable[[], Callable[[], None]]) -> Variant:
     try:
-        return Variant("int8", build())
-    except Exception as exc:  # a kernel still under construction must not kill the whole run
-        return Variant("int8", None, error=f"{type(exc).__name__}: {exc}"[:200])
+        return Variant(name, build())
+    except Exception as exc:  # a variant that cannot be built must not kill the whole run
+        return Variant(name, None, error=f"{type(exc).__name__}: {exc}"[:200])
 
 
-def _layer_step(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor, autocast: bool = False) -> Callable[[], None]:
+def _prepared(module: nn.Module, family: str) -> nn.Module:
+    if family == "int8":
+        return inttrain.prepare_(module, "int8")
+    if family == "int8_df":
+        return inttrain.prepare_(module, "int8", dataflow=True)
+    return module
+
+
+def _layer_step(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor, autocast: bool, compiled: bool):
     """fwd + bwd of a single layer with a fixed output gradient; grads are dropped each iteration."""
     params = list(layer.parameters())
+    run = torch.compile(layer) if compiled else layer
 
     def step() -> None:
         x.grad = None
         for p in params:
             p.grad = None
-        if autocast:
-            with torch.autocast("cpu", dtype=BF16):
-                y = layer(x)
-        else:
-            y = layer(x)
+        with torch.autocast("cpu", dtype=BF16, enabled=autocast):
+            y = run(x)
         y.backward(dy.to(y.dtype) if y.dtype != dy.dtype else dy)
 
     return step
 
 
-def _train_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor, autocast: bool = False) -> Callable[[], None]:
+def _train_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor, autocast: bool, compiled: bool):
     """forward, cross-entropy loss, backward, SGD-momentum step, zero_grad."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     model.train()
+    run = torch.compile(model) if compiled else model
 
     def step() -> None:
-        if autocast:
-            with torch.autocast("cpu", dtype=BF16):
-                logits = model(x)
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-        else:
-            logits = model(x)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+        with torch.autocast("cpu", dtype=BF16, enabled=autocast):
+            logits = run(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -149,118 +149,114 @@ def _copy(model: nn.Module, base_state: dict) -> nn.Module:
     return m
 
 
+def _all_variants(families, base: nn.Module, make_step, channels_last: bool = False,
+                  nchw_fp32: bool = False) -> dict[str, Variant]:
+    """Every family in eager and compiled form; ``make_step(module, autocast, compiled)`` builds the closure."""
+    state = copy.deepcopy(base.state_dict())
+    out: dict[str, Variant] = {}
+
+    def fresh(family: str) -> nn.Module:
+        m = _copy(base, state)
+        if channels_last:
+            m = m.to(memory_format=CL)
+        return _prepared(m, family)
+
+    if nchw_fp32:  # convolutions: fp32 NCHW as well as channels-last (the faster one counts)
+        out["fp32_nchw"] = _variant("fp32_nchw", lambda: make_step(_copy(base, state), False, False, False))
+    for family in families:
+        for compiled in (False, True):
+            name = family + ("+c" if compiled else "")
+            out[name] = _variant(name, lambda f=family, c=compiled: make_step(fresh(f), f == "bf16", c, True))
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # Rows.
 
 
-def linear_rows(conv_ok: bool) -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
+def linear_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
     rows = []
     for tokens, fin, fout in ((4096, 1024, 1024), (4096, 4096, 4096), (8192, 768, 3072)):
-        target = 3.8 if (tokens, fin, fout) == (4096, 4096, 4096) else 3.0
-        row = Row("linear", "Linear", f"{tokens}x{fin}x{fout}", target)
+        target = 1.8 if (tokens, fin, fout) == (4096, 4096, 4096) else 1.6
+        row = Row("linear", "Linear fwd+bwd", f"{tokens}x{fin}x{fout}", {"bf16": target})
 
         def make(tokens=tokens, fin=fin, fout=fout) -> dict[str, Variant]:
             g = torch.Generator().manual_seed(0)
             base = nn.Linear(fin, fout)
-            state = copy.deepcopy(base.state_dict())
             x = torch.randn(tokens, fin, generator=g).requires_grad_(True)
             dy = torch.randn(tokens, fout, generator=g)
-            return {
-                "fp32": Variant("fp32", _layer_step(_copy(base, state), x, dy)),
-                "bf16": Variant("bf16", _layer_step(_copy(base, state), x, dy, autocast=True)),
-                "int8": _convert_int8(lambda: _layer_step(_int8(_copy(base, state)), x, dy), False, conv_ok),
-            }
+            return _all_variants(("fp32", "bf16", "int8"), base,
+                                 lambda m, ac, c, _cl: _layer_step(m, x, dy, ac, c))
 
         rows.append((row, make))
     return rows
 
 
-def conv_rows(conv_ok: bool) -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
+def conv_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
     rows = []
     for ch, px in ((16, 32), (32, 16), (64, 8)):
         batch = 128
-        row = Row("conv", "Conv2d 3x3", f"{batch}x{ch}x{px}x{px}, {ch}->{ch}", None)
+        row = Row("conv", "Conv2d 3x3 fwd+bwd", f"{batch}x{ch}x{px}x{px}, {ch}->{ch}", {})
 
         def make(ch=ch, px=px, batch=batch) -> dict[str, Variant]:
             g = torch.Generator().manual_seed(0)
             base = nn.Conv2d(ch, ch, 3, stride=1, padding=1, bias=False)
-            state = copy.deepcopy(base.state_dict())
             x = torch.randn(batch, ch, px, px, generator=g)
             dy = torch.randn(batch, ch, px, px, generator=g)
             x_cl = x.contiguous(memory_format=CL).requires_grad_(True)
             dy_cl = dy.contiguous(memory_format=CL)
             x = x.requires_grad_(True)
-            return {
-                "fp32": Variant("fp32", _layer_step(_copy(base, state), x, dy)),
-                "fp32_cl": Variant("fp32_cl", _layer_step(_copy(base, state).to(memory_format=CL), x_cl, dy_cl)),
-                # bf16 and int8 both run channels_last (oneDNN's native layout for both).
-                "bf16": Variant("bf16", _layer_step(_copy(base, state).to(memory_format=CL), x_cl, dy_cl,
-                                                    autocast=True)),
-                "int8": _convert_int8(lambda: _layer_step(_int8(_copy(base, state)), x_cl, dy_cl), True, conv_ok),
-            }
+            return _all_variants(("fp32", "bf16", "int8"), base,
+                                 lambda m, ac, c, cl: _layer_step(m, x_cl if cl else x, dy_cl if cl else dy, ac, c),
+                                 channels_last=True, nchw_fp32=True)
 
         rows.append((row, make))
     return rows
 
 
-def mlp_rows(conv_ok: bool) -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
+def mlp_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
     batch = 512
-    row = Row("mlp", "MLP train step", f"784-1024-1024-1024-10, batch {batch}", 2.5)
+    row = Row("mlp", "MLP train step", f"784-1024-1024-1024-10, batch {batch}", {"bf16": 1.5})
 
     def make() -> dict[str, Variant]:
         torch.manual_seed(0)
         base = build_model("mlp", 10, 1, 28)
-        state = copy.deepcopy(base.state_dict())
         g = torch.Generator().manual_seed(0)
         x = torch.randn(batch, 1, 28, 28, generator=g)
         y = torch.randint(0, 10, (batch,), generator=g)
-        return {
-            "fp32": Variant("fp32", _train_step(_copy(base, state), x, y)),
-            "bf16": Variant("bf16", _train_step(_copy(base, state), x, y, autocast=True)),
-            "int8": _convert_int8(lambda: _train_step(_int8(_copy(base, state)), x, y), False, conv_ok),
-        }
+        return _all_variants(FAMILIES, base, lambda m, ac, c, _cl: _train_step(m, x, y, ac, c))
 
     return [(row, make)]
 
 
-def resnet_rows(conv_ok: bool) -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
+def resnet_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
     batch = 128
-    row = Row("resnet20", "ResNet-20 train step", f"CIFAR 3x32x32, batch {batch}", 1.6)
+    row = Row("resnet20", "ResNet-20 train step", f"CIFAR 3x32x32, batch {batch}", {"bf16": 1.1, "fp32": 2.0})
 
     def make() -> dict[str, Variant]:
         torch.manual_seed(0)
         base = build_model("resnet20", 10, 3, 32)
-        state = copy.deepcopy(base.state_dict())
         g = torch.Generator().manual_seed(0)
         x = torch.randn(batch, 3, 32, 32, generator=g)
         x_cl = x.contiguous(memory_format=CL)
         y = torch.randint(0, 10, (batch,), generator=g)
-        return {
-            "fp32": Variant("fp32", _train_step(_copy(base, state), x, y)),
-            "fp32_cl": Variant("fp32_cl", _train_step(_copy(base, state).to(memory_format=CL), x_cl, y)),
-            "bf16": Variant("bf16", _train_step(_copy(base, state).to(memory_format=CL), x_cl, y, autocast=True)),
-            "int8": _convert_int8(lambda: _train_step(_int8(_copy(base, state)), x_cl, y), True, conv_ok),
-        }
+        return _all_variants(FAMILIES, base, lambda m, ac, c, cl: _train_step(m, x_cl if cl else x, y, ac, c),
+                             channels_last=True, nchw_fp32=True)
 
     return [(row, make)]
 
 
-def gpt_rows(conv_ok: bool) -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
+def gpt_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
     batch, seq, vocab = 16, 256, 65
-    row = Row("gpt", "GPT train step", f"d512 L4 H8, seq {seq}, batch {batch}, vocab {vocab}", 2.2, beat_bf16=True)
+    row = Row("gpt", "GPT train step", f"d512 L4 H8, seq {seq}, batch {batch}, vocab {vocab}", {"bf16": 1.4})
 
     def make() -> dict[str, Variant]:
         torch.manual_seed(0)
         base = build_model("gpt-small", vocab, 1, seq, d_model=512, n_layers=4, n_heads=8)
-        state = copy.deepcopy(base.state_dict())
         g = torch.Generator().manual_seed(0)
         idx = torch.randint(0, vocab, (batch, seq), generator=g)
         tgt = torch.randint(0, vocab, (batch, seq), generator=g)
-        return {
-            "fp32": Variant("fp32", _train_step(_copy(base, state), idx, tgt)),
-            "bf16": Variant("bf16", _train_step(_copy(base, state), idx, tgt, autocast=True)),
-            "int8": _convert_int8(lambda: _train_step(_int8(_copy(base, state)), idx, tgt), False, conv_ok),
-        }
+        return _all_variants(FAMILIES, base, lambda m, ac, c, _cl: _train_step(m, idx, tgt, ac, c))
 
     return [(row, make)]
 
@@ -274,15 +270,14 @@ BUILDERS = {"linear": linear_rows, "conv": conv_rows, "mlp": mlp_rows, "resnet20
 
 @dataclass(frozen=True)
 class Budget:
-    warmup: int        # warm-up iterations per variant (int8's first ones compile)
+    warmup: int        # warm-up iterations per variant (compiled variants compile in the first ones)
     seconds: float     # timed seconds per variant
     min_iters: int
     max_iters: int
 
 
-# int8 gets one extra warm-up iteration (its first calls compile the fused quantize passes).
-FULL = Budget(warmup=3, seconds=5.0, min_iters=5, max_iters=60)
-QUICK = Budget(warmup=1, seconds=1.0, min_iters=3, max_iters=10)
+FULL = Budget(warmup=3, seconds=3.0, min_iters=5, max_iters=40)
+QUICK = Budget(warmup=2, seconds=0.5, min_iters=2, max_iters=5)
 
 
 def _run_variant_safely(v: Variant) -> float | None:
@@ -293,7 +288,7 @@ def _run_variant_safely(v: Variant) -> float | None:
         v.step()
         return time.perf_counter() - t0
     except Exception as exc:
-        v.error = f"{type(exc).__name__}: {exc}"[:200]
+        v.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
         v.step = None
         return None
 
@@ -301,37 +296,37 @@ def _run_variant_safely(v: Variant) -> float | None:
 def measure(row: Row, variants: dict[str, Variant], budget: Budget, log: Callable[[str], None]) -> None:
     row.variants = variants
     live = [v for v in variants.values() if v.step is not None]
-    # Warm-up (separately per variant, so compile time is not mixed into anything).
     per_iter: dict[str, float] = {}
-    for v in live:
-        t0 = time.perf_counter()
-        last = None
-        for _ in range(budget.warmup + (v.name == "int8")):
-            last = _run_variant_safely(v)
-            if last is None:
+    for v in live:  # warm-up, separately per variant, so compile time is not mixed into anything
+        for i in range(budget.warmup):
+            dt = _run_variant_safely(v)
+            if dt is None:
                 break
-        v.warmup_s = time.perf_counter() - t0
-        if last is not None:
-            per_iter[v.name] = last
+            if i == 0:
+                v.first_s = dt
+            per_iter[v.name] = dt
     live = [v for v in live if v.step is not None]
     if not live:
         return
     # N from the slowest variant's last warm-up iteration, the same N for all variants of the row.
     slowest = max(per_iter[v.name] for v in live)
     n = int(min(budget.max_iters, max(budget.min_iters, budget.seconds / max(slowest, 1e-6))))
-    int8 = variants.get("int8")
-    reset_kernel_calls()  # only int8 launches integer kernels; counted over the timed iterations
+    calls: dict[str, dict[str, int]] = {v.name: {} for v in live}
     for _ in range(n):
         for v in live:  # interleaved: one iteration of every variant in turn
             if v.step is None:
                 continue
+            reset_kernel_calls()
             dt = _run_variant_safely(v)
             if dt is not None:
                 v.samples.append(dt)
-    if int8 is not None and int8.samples:
-        int8.kernel_calls = {k: c / len(int8.samples) for k, c in int_kernel_calls().items()}
-    parts = [f"{v.name} {v.median_ms:.1f} ms" for v in variants.values() if v.samples]
-    log(f"  {row.name} [{row.shape}]: n={n}  " + ", ".join(parts)
+                for k, c in int_kernel_calls().items():
+                    calls[v.name][k] = calls[v.name].get(k, 0) + c
+    for v in live:
+        if v.samples:
+            v.kernel_calls = {k: c / len(v.samples) for k, c in calls[v.name].items()}
+    parts = [f"{v.name} {v.median_ms:.1f}" for v in variants.values() if v.samples]
+    log(f"  {row.name} [{row.shape}]: n={n} ms: " + ", ".join(parts)
         + "".join(f"  ({v.name}: {v.error})" for v in variants.values() if v.error))
 
 
@@ -339,93 +334,117 @@ def measure(row: Row, variants: dict[str, Variant], budget: Budget, log: Callabl
 # Report.
 
 
-def _best_fp32(row: Row) -> float | None:
-    times = [row.variants[k].median_ms for k in ("fp32", "fp32_cl") if k in row.variants and row.variants[k].samples]
-    return min(times) if times else None
-
-
-def _ratios(row: Row) -> tuple[float | None, float | None]:
-    int8 = row.variants.get("int8")
-    bf16 = row.variants.get("bf16")
-    if int8 is None or not int8.samples:
-        return None, None
-    fp = _best_fp32(row)
-    r_fp = fp / int8.median_ms if fp else None
-    r_bf = bf16.median_ms / int8.median_ms if bf16 is not None and bf16.samples else None
-    return r_fp, r_bf
+def ratio(row: Row, over: str, family: str = "int8") -> float | None:
+    """How many times faster ``family`` (at its best) is than ``over`` (at its best)."""
+    a, b = row.best(family), row.best(over)
+    return b.median_ms / a.median_ms if a is not None and b is not None else None
 
 
 def _met(row: Row) -> str:
-    r_fp, r_bf = _ratios(row)
-    if row.target is None:
+    if not row.targets:
         return "—"
-    if r_fp is None:
+    got = [ratio(row, over) for over in row.targets]
+    if any(r is None for r in got):
         return "n/a"
-    ok = r_fp >= row.target and (not row.beat_bf16 or (r_bf is not None and r_bf > 1.0))
+    ok = all(r >= t for r, t in zip(got, row.targets.values()))
     return "yes" if ok else "**no**"
 
 
-def _fmt_ms(v: Variant | None) -> str:
+def _cell(v: Variant | None) -> str:
     if v is None:
         return "—"
-    if v.samples:
-        return f"{v.median_ms:.1f}"
-    return "n/a"
+    return f"{v.median_ms:.1f} ({'c' if v.name.endswith('+c') else 'e'})"
 
 
 def _kernels(row: Row) -> str:
-    v = row.variants.get("int8")
+    bad = []
+    for v in row.variants.values():
+        if v.family.startswith("int8") and v.samples and not any(c > 0 for c in v.kernel_calls.values()):
+            bad.append(v.name)
+    if bad:
+        return "**NO integer kernels ran in " + ", ".join(bad) + "**"
+    v = row.best("int8")
     if v is None:
         return "—"
-    if v.error:
-        return v.error if v.error == CONV_UNAVAILABLE else f"error: {v.error}"
-    calls = {k: c for k, c in v.kernel_calls.items() if c > 0}
-    if not calls:
-        return "**NO integer kernels ran**"
-    return "ok: " + ", ".join(f"{k} {c:g}/it" for k, c in sorted(calls.items()))
+    return ", ".join(f"{k} {c:g}" for k, c in sorted(v.kernel_calls.items()) if c > 0)
 
 
 def markdown(rows: list[Row]) -> str:
-    head = ("| case | shape | fp32 ms | fp32 CL ms | bf16 ms | int8 ms | fp32/int8 | bf16/int8 | target "
-            "| met | int8 kernels |")
+    head = ("| case | shape | fp32 ms | bf16 ms | int8 ms | int8 dataflow ms | int8 vs fp32 | int8 vs bf16 "
+            "| target | met | int8 kernels / step |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
-        r_fp, r_bf = _ratios(row)
-        target = "—" if row.target is None else f">= {row.target:g}x" + (" & > bf16" if row.beat_bf16 else "")
+        r_fp, r_bf = ratio(row, "fp32"), ratio(row, "bf16")
+        df = row.best("int8_df")
+        df_cell = "—" if df is None else _cell(df)
+        if df is not None and ratio(row, "int8", "int8_df") is not None:
+            df_cell += f" = {ratio(row, 'int8', 'int8_df'):.2f}x int8"
+        target = ", ".join(f">= {t:g}x {k}" for k, t in row.targets.items()) or "—"
         lines.append("| " + " | ".join([
-            row.name, row.shape,
-            _fmt_ms(row.variants.get("fp32")), _fmt_ms(row.variants.get("fp32_cl")),
-            _fmt_ms(row.variants.get("bf16")), _fmt_ms(row.variants.get("int8")),
-            f"{r_fp:.2f}x" if r_fp else "n/a", f"{r_bf:.2f}x" if r_bf else "n/a",
-            target, _met(row), _kernels(row),
+            row.name, row.shape, _cell(row.best("fp32")), _cell(row.best("bf16")), _cell(row.best("int8")), df_cell,
+            f"{r_fp:.2f}x" if r_fp else "n/a", f"{r_bf:.2f}x" if r_bf else "n/a", target, _met(row), _kernels(row),
         ]) + " |")
     return "\n".join(lines)
 
 
+def details(rows: list[Row]) -> str:
+    """Every variant's median and first-iteration (compile) time, and any error."""
+    lines = ["| case | shape | variant | median ms | first iteration s | error |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        for v in row.variants.values():
+            med = f"{v.median_ms:.1f}" if v.samples else "—"
+            lines.append(f"| {row.name} | {row.shape} | {v.name} | {med} | {v.first_s:.1f} | {v.error or ''} |")
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    wanted = ("avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16", "amx_tile")
+    have = [w for w in wanted if w in flags]
+    return " ".join(have) or "none of " + ", ".join(wanted)
+
+
 def environment() -> dict[str, str]:
-    ok, why = conv_kernels_available()
+    flags = cpu_flags()
     return {
-        "torch": torch.__version__,
-        "inttrain": getattr(inttrain, "__version__", "?"),
-        "python": platform.python_version(),
-        "cpu capability": str(torch.backends.cpu.get_cpu_capability()),
+        "cpu": cpu_model(),
+        "int8/bf16 flags": flags + ("  (AMX: bf16 autocast also runs on AMX tiles)" if "amx_bf16" in flags else ""),
         "threads": str(torch.get_num_threads()),
         "cpu count": str(os.cpu_count()),
-        "conv kernels": "available" if ok else f"{CONV_UNAVAILABLE} ({why})",
-        "INTTRAIN_COMPILE": os.environ.get("INTTRAIN_COMPILE", "1 (default)"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu capability": str(torch.backends.cpu.get_cpu_capability()),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short smoke run (~2 min)")
+    ap.add_argument("--quick", action="store_true", help="short smoke run")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the machine's default)")
     ap.add_argument("--json", metavar="PATH", help="write all samples and results as JSON")
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
         ap.error(f"unknown section(s) {unknown}; allowed: {','.join(SECTIONS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     budget = QUICK if args.quick else FULL
 
     def log(msg: str) -> None:
@@ -438,26 +457,25 @@ def main(argv: list[str] | None = None) -> int:
     log(f"- mode: {'quick' if args.quick else 'full'} (warm-up {budget.warmup} it, ~{budget.seconds:g} s timed per "
         f"variant, {budget.min_iters}-{budget.max_iters} it, median)")
     log("")
-    conv_ok = not env["conv kernels"].startswith(CONV_UNAVAILABLE)
     t_start = time.perf_counter()
     rows: list[Row] = []
     for section in SECTIONS:
         if section not in only:
             continue
-        for row, make in BUILDERS[section](conv_ok):
+        for row, make in BUILDERS[section]():
             variants = make()
             measure(row, variants, budget, log)
             rows.append(row)
             del variants
+            torch._dynamo.reset()  # compiled graphs of one row are not reused by the next
     wall = time.perf_counter() - t_start
     log("")
     log(markdown(rows))
     log("")
-    for row in rows:
-        if row.note:
-            log(f"Note: {row.note}")
-    log("Times are medians of per-iteration wall time (ms). Ratios > 1 mean int8 is faster; for conv/ResNet rows "
-        "fp32/int8 uses the faster of the NCHW and channels_last fp32 runs.")
+    log("Times: median ms per iteration, (e) eager or (c) torch.compile, whichever is faster for that family. "
+        "Ratios > 1 mean int8 is faster.")
+    log("")
+    log(details(rows))
     log(f"Total wall time: {wall:.0f} s")
     if args.json:
         out = {
@@ -466,11 +484,11 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": wall,
             "rows": [
                 {
-                    "section": r.section, "name": r.name, "shape": r.shape, "target": r.target,
-                    "beat_bf16": r.beat_bf16, "met": _met(r), "note": r.note,
-                    "fp32_over_int8": _ratios(r)[0], "bf16_over_int8": _ratios(r)[1],
+                    "section": r.section, "name": r.name, "shape": r.shape, "targets": r.targets, "met": _met(r),
+                    "int8_over": {f: ratio(r, f) for f in ("fp32", "bf16")},
+                    "int8_df_over_int8": ratio(r, "int8", "int8_df"),
                     "variants": {
-                        k: {"median_ms": v.median_ms, "samples_s": v.samples, "warmup_s": v.warmup_s,
+                        k: {"median_ms": v.median_ms, "samples_s": v.samples, "first_iteration_s": v.first_s,
                             "error": v.error, "int_kernel_calls_per_iter": v.kernel_calls}
                         for k, v in r.variants.items()
                     },

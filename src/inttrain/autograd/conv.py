@@ -19,11 +19,12 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from ..kernels import conv as conv_kernels
+from ..kernels import ops as conv_kernels  # eager kernels, or graph nodes when compiling
 from ..kernels.conv import ConvGeometry
 from ..kernels.fused import quantize_matrix
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
+from .seeds import save_with_seeds, saved_and_seeds
 from .qactivation import QActivation, quantize_activation, quantize_rows_of
 
 __all__ = ["int_conv2d", "ConvGeometry", "check_conv_precision"]
@@ -122,10 +123,10 @@ class _IntConv2dFn(torch.autograd.Function):
             y = y + bias.float().reshape(1, -1, 1, 1)
         ctx.x_is_codes = False
         if not ctx.needs_input_grad[1]:  # inference / frozen weight: no dW, nothing to keep
-            ctx.save_for_backward(weight)
+            save_with_seeds(ctx, seeds, weight)
         elif x_codes is not None and (not gw.integer or gw.rhs.fmt.bits == x.bits):
             # the int8 input *is* the activation: dW uses its codes (dequantized if dW runs in float)
-            ctx.save_for_backward(weight, *x_codes)
+            save_with_seeds(ctx, seeds, weight, *x_codes)
             ctx.x_is_codes = True
         elif gw.integer:
             if fwd.integer and x_codes is None and gw.rhs == fwd.lhs and gw.rhs.rounding is Rounding.NEAREST_EVEN:
@@ -134,10 +135,10 @@ class _IntConv2dFn(torch.autograd.Function):
                 if xf is None:
                     xf = x.dequantize()
                 qx_gw, sx_gw = _quantize_activation(xf, gw.rhs, seeds[2] ^ 0x5BD1E995)
-            ctx.save_for_backward(weight, qx_gw, sx_gw)
+            save_with_seeds(ctx, seeds, weight, qx_gw, sx_gw)
         else:
-            ctx.save_for_backward(weight, xf)
-        ctx.geom, ctx.prec, ctx.seeds, ctx.has_bias, ctx.grad_hook = geom, prec, seeds, bias is not None, grad_hook
+            save_with_seeds(ctx, seeds, weight, xf)
+        ctx.geom, ctx.prec, ctx.has_bias, ctx.grad_hook = geom, prec, bias is not None, grad_hook
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         if emit_int8:  # hand the next op int8 codes, one scale per channel (what batch norm normalises by)
             return quantize_activation(y, per_channel=True, name="conv2d output")
@@ -145,8 +146,8 @@ class _IntConv2dFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        weight, *saved = ctx.saved_tensors
-        geom, prec, seeds = ctx.geom, ctx.prec, ctx.seeds
+        (weight, *saved), seeds = saved_and_seeds(ctx)
+        geom, prec = ctx.geom, ctx.prec
         dyf = dy.to(torch.float32)
         if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
             dyf = ctx.grad_hook(dyf, seeds[2] ^ 0x2545F491)

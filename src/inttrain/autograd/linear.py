@@ -19,6 +19,7 @@ from ..kernels.fused import dequant_epilogue, quantize_matrix
 from ..kernels.matmul import int_mm
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision
+from .seeds import save_with_seeds, saved_and_seeds
 from .qactivation import QActivation, quantize_activation
 
 __all__ = ["int_linear", "GemmSeeds"]
@@ -82,15 +83,15 @@ class _IntLinearFn(torch.autograd.Function):
         else:
             y = torch.nn.functional.linear(x2.float(), weight.float(), None if bias is None else bias.float())
         if not ctx.needs_input_grad[1]:  # inference / frozen weight: no dW, nothing to keep
-            ctx.save_for_backward(weight)
+            save_with_seeds(ctx, seeds, weight)
         elif codes is not None:  # the int8 input is the activation: its (shared, uint8) codes serve dW = dy^T x
-            ctx.save_for_backward(weight, codes[0], codes[1].reshape(1, 1))
+            save_with_seeds(ctx, seeds, weight, codes[0], codes[1].reshape(1, 1))
         elif gw.integer:  # keep int8 codes of x for dW = dy^T x (quantized along its in-feature axis)
             qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=seeds[2] ^ 0x5BD1E995)
-            ctx.save_for_backward(weight, qx_gw, sx_gw)
+            save_with_seeds(ctx, seeds, weight, qx_gw, sx_gw)
         else:
-            ctx.save_for_backward(weight, x2)
-        ctx.prec, ctx.seeds, ctx.has_bias, ctx.grad_hook = prec, seeds, bias is not None, grad_hook
+            save_with_seeds(ctx, seeds, weight, x2)
+        ctx.prec, ctx.has_bias, ctx.grad_hook = prec, bias is not None, grad_hook
         ctx.x_shape, ctx.x_dtype = in_shape, torch.float32 if isinstance(x2, QActivation) else x2.dtype
         ctx.x_shifted = codes is not None  # saved dW operand is uint8 code + 128
         if emit_int8:  # hand the next op int8 codes with one scale (a valid row scale for the next Linear)
@@ -100,8 +101,8 @@ class _IntLinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        weight, *saved = ctx.saved_tensors
-        prec, seeds = ctx.prec, ctx.seeds
+        (weight, *saved), seeds = saved_and_seeds(ctx)
+        prec = ctx.prec
         dy2 = dy.to(torch.float32).reshape(-1, dy.shape[-1])
         if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
             dy2 = ctx.grad_hook(dy2, seeds[2] ^ 0x2545F491)
@@ -111,7 +112,13 @@ class _IntLinearFn(torch.autograd.Function):
                 qx, sx = saved
                 if ctx.x_shifted:
                     qx = _signed(qx)
-                qg, sg = quantize_matrix(dy2, prec.grad_weight.lhs, 1, transpose=True, seed=seeds[2])
+                if torch.compiler.is_compiling():
+                    # Inductor's transposed int8 store is slow; the GEMM reads the row-major codes as dy^T (a
+                    # column-major view) at no cost.  Same codes: the rounding hash indexes dy, not dy^T.
+                    qg, sg = quantize_matrix(dy2, prec.grad_weight.lhs, 1, seed=seeds[2])
+                    qg, sg = qg.t(), sg.t()
+                else:
+                    qg, sg = quantize_matrix(dy2, prec.grad_weight.lhs, 1, transpose=True, seed=seeds[2])
                 if not is_finite(sg):  # amax propagates inf/NaN, so this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
                 dw = dequant_epilogue(int_mm(qg, qx, reuse_output=True), sg, sx)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .counters import int_kernel_calls, reset_kernel_calls
 from .matmul import INT8_SAFE_K, has_int_mm, int8_mm, int_mm, int_mm_reference, split_int16
+from . import ops  # noqa: F401  (registers the inttrain:: operators that compiled graphs call)
 
 __all__ = [
     "INT8_SAFE_K", "has_int_mm", "int8_mm", "int_mm", "int_mm_reference", "split_int16",

@@ -26,9 +26,22 @@ __all__ = ["quantize_matrix", "dequant_epilogue", "compile_enabled"]
 log = logging.getLogger(__name__)
 
 
+class _FusionSwitch:
+    """Owner of the one process-wide decision "compile the quantize passes": the user's INTTRAIN_COMPILE
+    (read, never written) and whether a compilation has already failed on this machine."""
+
+    failed: bool = False
+
+    def enabled(self) -> bool:
+        return not self.failed and os.environ.get("INTTRAIN_COMPILE", "1") not in ("0", "false", "no")
+
+
+FUSION = _FusionSwitch()
+
+
 def compile_enabled() -> bool:
-    """Fusion with torch.compile is on unless INTTRAIN_COMPILE=0."""
-    return os.environ.get("INTTRAIN_COMPILE", "1") not in ("0", "false", "no")
+    """Fusion with torch.compile is on unless INTTRAIN_COMPILE=0 (or compilation failed once here)."""
+    return FUSION.enabled()
 
 
 def _quantize_matrix_impl(
@@ -78,7 +91,7 @@ def _run(fn: Callable, tensors: tuple, constants: tuple):
             return _compiled(fn, constants)(*tensors)
         except Exception as exc:  # a missing C++ compiler, an unsupported platform...
             log.warning("torch.compile failed (%s); inttrain falls back to eager quantize passes", exc)
-            os.environ["INTTRAIN_COMPILE"] = "0"
+            FUSION.failed = True
     return fn(*tensors, *constants)
 
 
@@ -88,7 +101,7 @@ def quantize_matrix(
     kept_axis: int,
     *,
     transpose: bool = False,
-    seed: int = 0,
+    seed: int | torch.Tensor = 0,
     zero_point: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D matrix for use as a GEMM operand; returns ``(codes, scale)``.
@@ -113,7 +126,10 @@ def quantize_matrix(
         codes = torch.full(shape[::-1] if transpose else shape, zero_point, dtype=dtype, device=x.device)
         scale = torch.ones(scale_shape, device=x.device)
         return codes, scale.t() if transpose else scale
-    seed_t = torch.tensor(seed & 0xFFFFFFFF, dtype=torch.int64, device=x.device)
+    if isinstance(seed, torch.Tensor):  # a compiled step's per-call seed (see IntLayerMixin._next_seeds)
+        seed_t = (seed & 0xFFFFFFFF).to(x.device)
+    else:
+        seed_t = torch.tensor(seed & 0xFFFFFFFF, dtype=torch.int64, device=x.device)
     # detach(): dynamo specialises on nn.Parameter shapes (a recompile per layer shape); a plain tensor is dynamic.
     return _run(_quantize_matrix_impl, (x.detach(), seed_t), (spec, kept_axis, transpose, zero_point))
 

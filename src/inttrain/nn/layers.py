@@ -16,7 +16,7 @@ from torch import nn
 
 from ..autograd import int_linear
 from ..autograd.qactivation import dequantize_if_quantized
-from ..numerics.hashing import mix_seed
+from ..numerics.hashing import advance_seeds, mix_seed, mix_seed_tensor
 from ..spec import LayerPrecision
 
 __all__ = ["QLinear", "QConv2d", "IntLayerMixin"]
@@ -35,7 +35,6 @@ class IntLayerMixin:
     precision: LayerPrecision
     seed: int
     layer_id: int
-    calls: int
     #: Dataflow (set by ``prepare_(..., dataflow=True)``): conv outputs leave as int8 QActivations.
     dataflow: bool = False
 
@@ -46,17 +45,36 @@ class IntLayerMixin:
             raise TypeError(f"{cls.__name__}.convert expects exactly {cls.float_class.__name__}, got {type(module).__name__}")
         cls._validate(module, precision)
         module.__class__ = cls
-        module.precision, module.seed, module.layer_id, module.calls = precision, int(seed), int(layer_id), 0
+        module.precision, module.seed, module.layer_id = precision, int(seed), int(layer_id)
+        # The stochastic-rounding call counter lives in a (non-persistent) buffer, not a Python int: a
+        # compiled step then increments it inside the graph instead of recompiling for every new value.
+        ref = module.weight
+        module.register_buffer("sr_calls", torch.zeros((), dtype=torch.int64, device=ref.device), persistent=False)
         return module
+
+    @property
+    def calls(self) -> int:
+        """Training calls so far (the stochastic-rounding counter; saved in checkpoints for exact resume)."""
+        return int(self.sr_calls)
+
+    @calls.setter
+    def calls(self, value: int) -> None:
+        self.sr_calls.fill_(int(value))
 
     @classmethod
     def _validate(cls, module: nn.Module, precision: LayerPrecision) -> None:
         """Raise if the integer kernels cannot serve ``module`` at ``precision``."""
 
-    def _next_seeds(self) -> tuple[int, int, int]:
+    def _next_seeds(self) -> tuple:
+        """Seeds of the three GEMMs for this call: ints in eager mode, 0-d tensors (same values) when compiling."""
+        if torch.compiler.is_compiling():
+            if self.training:
+                return tuple(advance_seeds(self.sr_calls, self.seed, self.layer_id).unbind(0))
+            return tuple(mix_seed_tensor(self.seed, self.layer_id, self.sr_calls, gemm) for gemm in range(3))
+        calls = self.calls + 1 if self.training else self.calls
         if self.training:
-            self.calls += 1
-        return tuple(mix_seed(self.seed, self.layer_id, self.calls, gemm) for gemm in range(3))  # type: ignore[return-value]
+            self.sr_calls.fill_(calls)
+        return tuple(mix_seed(self.seed, self.layer_id, calls, gemm) for gemm in range(3))  # type: ignore[return-value]
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, precision=[{self.precision.describe()}]"  # type: ignore[misc]
@@ -113,6 +131,7 @@ def restore_module(module: nn.Module) -> nn.Module:
     """Switch an integer layer back to its plain torch class (in place)."""
     if isinstance(module, IntLayerMixin):
         module.__class__ = module.float_class
-        for attr in ("precision", "seed", "layer_id", "calls", "hooks", "dataflow"):
+        for attr in ("precision", "seed", "layer_id", "hooks", "dataflow"):
             module.__dict__.pop(attr, None)
+        module._buffers.pop("sr_calls", None)
     return module

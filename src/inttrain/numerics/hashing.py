@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["uniform_from_counter", "mix_seed"]
+__all__ = ["uniform_from_counter", "mix_seed", "mix_seed_tensor", "advance_seeds"]
 
 _MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
@@ -36,6 +36,17 @@ def mix_seed(*parts: int) -> int:
     return h
 
 
+def mix_seed_tensor(*parts: int | torch.Tensor) -> torch.Tensor:
+    """:func:`mix_seed` on 0-d int64 tensors (any part may be a tensor): bit-identical, and traceable, so a
+    compiled step derives per-call seeds from a counter buffer without a recompile per value."""
+    h: int | torch.Tensor = 0
+    for p in parts:
+        p = p & _MASK32 if isinstance(p, torch.Tensor) else int(p) & _MASK32
+        h = ((h ^ p) * 0x01000193) & _MASK32  # < 2**57: exact in int64
+        h = h ^ (h >> 13)
+    return h if isinstance(h, torch.Tensor) else torch.tensor(h, dtype=torch.int64)
+
+
 def uniform_from_counter(
     shape: torch.Size | tuple[int, ...], seed: int | torch.Tensor, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
@@ -50,3 +61,23 @@ def uniform_from_counter(
     seed = seed & _MASK32 if isinstance(seed, torch.Tensor) else int(seed) & _MASK32
     h = _lowbias32((idx * _GOLDEN + seed) & _MASK32)
     return ((h >> 8).to(torch.float32) * (1.0 / (1 << 24))).reshape(shape)
+
+
+@torch.library.custom_op("inttrain::advance_seeds", mutates_args=("counter",))
+def _advance_seeds(counter: torch.Tensor, seed: int, layer_id: int, gemms: int) -> torch.Tensor:
+    counter.add_(1)
+    return torch.stack([mix_seed_tensor(seed, layer_id, counter, g) for g in range(gemms)])
+
+
+@_advance_seeds.register_fake
+def _(counter, seed, layer_id, gemms):
+    return counter.new_empty((gemms,))
+
+
+def advance_seeds(counter: torch.Tensor, seed: int, layer_id: int, gemms: int = 3) -> torch.Tensor:
+    """Increment a layer's 0-d call counter in place and return ``[mix_seed(seed, layer_id, calls, g) for g]``.
+
+    One opaque operator on purpose: a compiled step must not recompute the seeds in backward from a counter
+    that forward has already advanced (AOTAutograd's partitioner recomputes cheap elementwise ops).
+    """
+    return torch.ops.inttrain.advance_seeds(counter, int(seed), int(layer_id), int(gemms))

@@ -1,0 +1,125 @@
+"""The integer kernels as ``torch.library`` custom operators, for compiled graphs.
+
+``torch.compile`` cannot trace into the kernels' Python (oneDNN weight prepacking, chunking decisions that
+read a scale with ``.item()``, launch counters) and should not: each kernel is one opaque node
+``inttrain::<name>`` with a fake (meta) implementation giving its output's shape, dtype and strides, so
+Inductor sees one graph and fuses the elementwise work (quantize, dequantize, bias, ReLU) around the nodes.
+The real implementations are the eager kernels of :mod:`.matmul` and :mod:`.conv`: they run, and count
+themselves in :func:`inttrain.kernels.int_kernel_calls`, every time the compiled graph executes.
+
+Eager code calls the kernels directly (it can reuse scratch buffers, which an operator returning a fresh
+tensor cannot); compiled code calls these operators.  ``torch.library.opcheck`` tests the registrations.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import conv as conv_kernels
+from .conv_geometry import ConvGeometry
+from .matmul import INT8_SAFE_K, int8_mm
+
+__all__ = ["int8_mm_op", "conv2d_forward_u8", "conv2d_input_grad_u8", "conv2d_weight_grad"]
+
+_CL = torch.channels_last
+
+
+def _geom(stride: list[int], padding: list[int], dilation: list[int], groups: int) -> ConvGeometry:
+    return ConvGeometry(tuple(stride), tuple(padding), tuple(dilation), groups)
+
+
+# ------------------------------------------------------------------------------------------ int8 GEMM
+
+
+@torch.library.custom_op("inttrain::int8_mm", mutates_args=())
+def _int8_mm(a: Tensor, b: Tensor) -> Tensor:
+    """Exact ``a @ b`` of int8 matrices: int32, or int64 when the reduction is longer than INT8_SAFE_K."""
+    return int8_mm(a, b).contiguous()  # CUDA's zero-padded result is a slice: hand back the fake's layout
+
+
+@_int8_mm.register_fake
+def _(a: Tensor, b: Tensor) -> Tensor:
+    dtype = torch.int64 if a.shape[1] > INT8_SAFE_K else torch.int32
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)
+
+
+def int8_mm_op(a: Tensor, b: Tensor) -> Tensor:
+    """:func:`inttrain.kernels.matmul.int8_mm` as one graph node."""
+    return torch.ops.inttrain.int8_mm(a, b)
+
+
+# ------------------------------------------------------------------------------------------ convolution
+
+
+def _out_len(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+@torch.library.custom_op("inttrain::conv2d_forward_u8", mutates_args=())
+def _conv_fwd(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, stride: list[int], padding: list[int],
+              dilation: list[int], groups: int) -> Tensor:
+    y = conv_kernels.conv2d_forward_u8(xu8, x_scale, wq, w_scale, _geom(stride, padding, dilation, groups))
+    return y.contiguous(memory_format=_CL)
+
+
+@_conv_fwd.register_fake
+def _(xu8, x_scale, wq, w_scale, stride, padding, dilation, groups):
+    n, _, h, w = xu8.shape
+    ho = _out_len(h, wq.shape[2], stride[0], padding[0], dilation[0])
+    wo = _out_len(w, wq.shape[3], stride[1], padding[1], dilation[1])
+    return xu8.new_empty((n, wq.shape[0], ho, wo), dtype=torch.float32).contiguous(memory_format=_CL)
+
+
+def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry) -> Tensor:
+    """:func:`inttrain.kernels.conv.conv2d_forward_u8`; one graph node when compiling (float32, channels-last)."""
+    if not torch.compiler.is_compiling():
+        return conv_kernels.conv2d_forward_u8(xu8, x_scale, wq, w_scale, geom)
+    return torch.ops.inttrain.conv2d_forward_u8(xu8, x_scale, wq, w_scale, list(geom.stride), list(geom.padding),
+                                                list(geom.dilation), geom.groups)
+
+
+@torch.library.custom_op("inttrain::conv2d_input_grad_u8", mutates_args=())
+def _conv_dgrad(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: list[int],
+                stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
+    dx = conv_kernels.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, tuple(input_shape),
+                                           _geom(stride, padding, dilation, groups))
+    return dx.contiguous(memory_format=_CL)
+
+
+@_conv_dgrad.register_fake
+def _(gu8, g_scale, wq, w_scale, input_shape, stride, padding, dilation, groups):
+    return gu8.new_empty(tuple(input_shape), dtype=torch.float32).contiguous(memory_format=_CL)
+
+
+def conv2d_input_grad_u8(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple,
+                         geom: ConvGeometry) -> Tensor:
+    """:func:`inttrain.kernels.conv.conv2d_input_grad_u8`; one graph node when compiling (channels-last)."""
+    if not torch.compiler.is_compiling():
+        return conv_kernels.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, input_shape, geom)
+    return torch.ops.inttrain.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, [int(v) for v in input_shape],
+                                                   list(geom.stride), list(geom.padding), list(geom.dilation),
+                                                   geom.groups)
+
+
+@torch.library.custom_op("inttrain::conv2d_weight_grad", mutates_args=())
+def _conv_wgrad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: list[int],
+                stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
+    dw = conv_kernels.conv2d_weight_grad(gq, g_scale, xq, x_scale, tuple(weight_shape),
+                                         _geom(stride, padding, dilation, groups))
+    return dw.contiguous()
+
+
+@_conv_wgrad.register_fake
+def _(gq, g_scale, xq, x_scale, weight_shape, stride, padding, dilation, groups):
+    return gq.new_empty(tuple(weight_shape), dtype=torch.float32)
+
+
+def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: tuple,
+                       geom: ConvGeometry) -> Tensor:
+    """:func:`inttrain.kernels.conv.conv2d_weight_grad`; one graph node when compiling (float32, contiguous)."""
+    if not torch.compiler.is_compiling():
+        return conv_kernels.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
+    return torch.ops.inttrain.conv2d_weight_grad(gq, g_scale, xq, x_scale, [int(v) for v in weight_shape],
+                                                 list(geom.stride), list(geom.padding), list(geom.dilation),
+                                                 geom.groups)
