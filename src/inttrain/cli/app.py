@@ -171,14 +171,28 @@ def cost_cmd(
 
 @app.command("export")
 def export_cmd(
-    source: Annotated[Path, typer.Argument(metavar="CKPT_OR_RUN_DIR", help="Integer-only checkpoint (.safetensors + .state.pt), run folder, or model folder (model.json).")],
-    out: Annotated[Path, typer.Option(help="Output folder for the micro engine: model.json + weights.safetensors.")],
-    data: Annotated[Optional[Path], typer.Option(help="Optional DATA.npz (x int8, x_exp, y): check that micro and torch predict identically.")] = None,
+    source: Annotated[Path, typer.Argument(metavar="RUN_OR_CKPT", help="Run folder or .safetensors checkpoint (micro: also a model folder with model.json).")],
+    format: Annotated[str, typer.Option("--format", help="onnx: int8 QDQ ONNX model (ONNX Runtime); torch: torch.export program (.pt2); micro: integer-only model for the NumPy micro engine.")] = "micro",
+    out: Annotated[Optional[Path], typer.Option(help="Output: a .onnx / .pt2 file, or the micro model folder. [default: RUN/export/model.onnx, model.pt2 or micro]")] = None,
+    data: Annotated[Optional[Path], typer.Option(help="micro only: DATA.npz (x int8, x_exp, y) to check that micro and torch predict identically.")] = None,
 ) -> None:
-    """Export an integer-only model to the NumPy micro engine's files (python -m inttrain.micro eval OUT DATA.npz)."""
-    from .export import run_export
+    """Export a trained run for inference and check it: top-1 agreement with the trained model on the run's validation data.
 
-    run_export(source, out, data, echo=typer.echo)
+    Example: inttrain export runs/small-cnn-int8 --format onnx
+    """
+    from .errors import check_choice
+    from .export_inference import EXPORT_FORMATS, default_export_path, run_export_inference
+
+    check_choice("--format", format, EXPORT_FORMATS)
+    if format == "micro":
+        from .export import run_export
+
+        run_export(source, out if out is not None else default_export_path(source, "micro"), data, echo=typer.echo)
+        return
+    if data is not None:
+        raise _usage("--data", f"{str(data)!r}: only --format micro takes a DATA.npz; onnx and torch exports are "
+                     "checked on the run's own validation data")
+    run_export_inference(source, format, out, echo=typer.echo)
 
 
 recipes_app = typer.Typer(help="List recipes, or show one's defaults.", invoke_without_command=True)

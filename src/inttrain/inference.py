@@ -1,0 +1,163 @@
+"""An int8 inference copy of a trained model: traceable by ``torch.export`` and ONNX, with the trained scales.
+
+The training layers (:class:`~inttrain.nn.QLinear`, :class:`~inttrain.nn.QConv2d`, GPT-2's ``QConv1D``) run
+custom autograd Functions and integer kernels, which neither exporter traces.  :func:`to_inference` copies
+the model and puts in their place small float modules that do the forward GEMM's quantization with standard
+quantize/dequantize operators (``torch.ops.quantized_decomposed``, exported to ONNX as
+``QuantizeLinear``/``DequantizeLinear``, the "QDQ" format ONNX Runtime fuses into int8 kernels):
+
+- the weight is stored as int8 codes + one float scale per output channel (the recipe's forward weight
+  format: ``s = amax / qmax`` of the trained weight, round to nearest even), ``DequantizeLinear`` in the graph;
+- the input is quantized at run time exactly as the recipe's forward GEMM does it: one scale per row (token)
+  for Linear layers with per-row activations, one per tensor otherwise (``s = amax / qmax``; an all-zero group
+  gets ``s = 1``).
+
+Inference rounds to nearest even even where a recipe rounds the forward pass stochastically.  Layers whose
+recipe transforms its operands at run time (DoReFa, unified-int8's hooks), or whose codes are wider than
+8 bits or on a power-of-two / fixed scale, are refused with a ``ValueError`` naming the layer: an export that
+silently computed something else would be worse.  Layers whose forward GEMM is float stay float.
+
+>>> import torch, inttrain
+>>> m = inttrain.prepare_(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+>>> from inttrain.inference import to_inference
+>>> type(to_inference(m)[0]).__name__
+'Int8Linear'
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .nn import IntLayerMixin, QConv2d, restore_module
+from .numerics import quantize
+from .spec import LayerPrecision, PerChannel, QuantSpec, Rounding, ScaleKind
+
+__all__ = ["to_inference", "Int8Linear", "Int8Conv2d", "register_qdq_ops"]
+
+
+def register_qdq_ops() -> None:
+    """Register ``torch.ops.quantized_decomposed`` (needed to trace, export, and to load a saved .pt2)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import torch.ao.quantization.fx._decomposed  # noqa: F401
+
+
+def _check_exportable(name: str, layer: IntLayerMixin) -> None:
+    why = None
+    if layer.hooks is not None:
+        why = f"its recipe transforms the operands at run time ({type(layer.hooks).__name__})"
+    for side, spec in (("input", layer.precision.forward.lhs), ("weight", layer.precision.forward.rhs)):
+        fmt = spec.fmt
+        if why is None and (fmt.bits > 8 or not fmt.signed or not fmt.symmetric):
+            why = f"its {side} codes are {fmt} (export writes signed symmetric codes of up to 8 bits)"
+        if why is None and (spec.scale_kind is not ScaleKind.FLOAT or spec.fixed_amax is not None):
+            why = f"its {side} scale is {spec.scale_kind.value}" + ("" if spec.fixed_amax is None else " with a fixed range")
+    if why is not None:
+        raise ValueError(f"layer {name or '<root>'} ({type(layer).__name__}) cannot be exported to int8: {why}")
+
+
+def _weight_codes(module: nn.Module, weight: torch.Tensor, spec: QuantSpec) -> None:
+    """int8 codes + per-output-channel scales of ``weight`` as buffers (a per-tensor scale is repeated)."""
+    q = quantize(weight.detach().float(), QuantSpec(spec.fmt, PerChannel(0), Rounding.NEAREST_EVEN))
+    module.register_buffer("weight_codes", q.data.to(torch.int8))
+    module.register_buffer("weight_scale", q.scale.reshape(-1).contiguous())
+    module.qmax = spec.fmt.qmax
+    if not isinstance(spec.granularity, PerChannel):  # one scale for the whole weight, as the recipe has it
+        q = quantize(weight.detach().float(), QuantSpec(spec.fmt, spec.granularity, Rounding.NEAREST_EVEN))
+        module.weight_codes.copy_(q.data.to(torch.int8))
+        module.weight_scale.copy_(q.scale.reshape(1).expand(weight.shape[0]))
+
+
+def _scale(amax: torch.Tensor, qmax: int) -> torch.Tensor:
+    return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))  # an all-zero group: s = 1, codes 0
+
+
+class _Int8Base(nn.Module):
+    weight_codes: torch.Tensor
+    weight_scale: torch.Tensor
+    qmax: int
+    bias: torch.Tensor | None
+
+    def dequantized_weight(self) -> torch.Tensor:
+        qd = torch.ops.quantized_decomposed
+        zp = torch.zeros_like(self.weight_scale, dtype=torch.int64)
+        return qd.dequantize_per_channel(self.weight_codes, self.weight_scale, zp, 0, -self.qmax, self.qmax, torch.int8)
+
+    def qdq_per_tensor(self, x: torch.Tensor) -> torch.Tensor:
+        qd = torch.ops.quantized_decomposed
+        s = _scale(x.abs().max(), self.qmax)  # max() rather than amax(): the ONNX exporter needs a dim for amax
+        zp = torch.zeros((), dtype=torch.int64)
+        q = qd.quantize_per_tensor.tensor(x, s, zp, -self.qmax, self.qmax, torch.int8)
+        return qd.dequantize_per_tensor.tensor(q, s, zp, -self.qmax, self.qmax, torch.int8)
+
+
+class Int8Linear(_Int8Base):
+    """``y = Q(x) W_q^T + b`` with int8 weight codes and run-time int8 input codes (per row or per tensor)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, precision: LayerPrecision) -> None:
+        super().__init__()
+        _weight_codes(self, weight, precision.forward.rhs)
+        self.per_row = isinstance(precision.forward.lhs.granularity, PerChannel)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.float().reshape(-1, shape[-1])
+        if self.per_row:
+            qd = torch.ops.quantized_decomposed
+            s = _scale(x2.abs().amax(dim=1), self.qmax)
+            zp = torch.zeros_like(s, dtype=torch.int64)
+            q = qd.quantize_per_channel(x2, s, zp, 0, -self.qmax, self.qmax, torch.int8)
+            x2 = qd.dequantize_per_channel(q, s, zp, 0, -self.qmax, self.qmax, torch.int8)
+        else:
+            x2 = self.qdq_per_tensor(x2)
+        y = F.linear(x2, self.dequantized_weight(), self.bias)
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+
+class Int8Conv2d(_Int8Base):
+    """``conv2d(Q(x), W_q) + b`` with int8 weight codes per output channel and a per-tensor int8 input."""
+
+    def __init__(self, conv: nn.Conv2d, precision: LayerPrecision) -> None:
+        super().__init__()
+        _weight_codes(self, conv.weight, precision.forward.rhs)
+        self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().float().clone(), requires_grad=False)
+        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(self.qdq_per_tensor(x.float()), self.dequantized_weight(), self.bias, self.stride,
+                        self.padding, self.dilation, self.groups)
+
+
+def _inference_layer(name: str, layer: IntLayerMixin) -> nn.Module:
+    if not layer.precision.forward.integer:
+        return restore_module(layer)  # a float forward GEMM: the plain layer is the inference layer
+    _check_exportable(name, layer)
+    if isinstance(layer, QConv2d):
+        return Int8Conv2d(layer, layer.precision)
+    weight = layer.weight if isinstance(layer, nn.Linear) else layer.weight.t()  # GPT-2 Conv1D: [in, out]
+    return Int8Linear(weight, layer.bias, layer.precision)
+
+
+def to_inference(model: nn.Module) -> nn.Module:
+    """An eval-mode copy of ``model`` with every integer-training layer replaced by its int8 inference layer.
+
+    ``model`` itself is not changed.  Raises ``ValueError`` for layers that cannot be exported (see module doc).
+    """
+    register_qdq_ops()
+    out = copy.deepcopy(model).eval()
+    if isinstance(out, IntLayerMixin):
+        return _inference_layer("", out)
+    for name, module in list(out.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, IntLayerMixin):
+                full = f"{name}.{child_name}" if name else child_name
+                setattr(module, child_name, _inference_layer(full, child))
+    for p in out.parameters():
+        p.requires_grad_(False)
+    return out
