@@ -41,6 +41,22 @@ def test_per_tensor_recipe_and_zero_input():
             assert (inf(x) - model(x)).abs().max() < ATOL
 
 
+@pytest.mark.parametrize("recipe", ["unified-int8", "sbm", "wageubn"])
+def test_other_recipes_export_their_forward_exactly(recipe):
+    """unified-int8's hooks touch only gradients; wageubn's power-of-two scales and 8-bit BN are reproduced."""
+    from inttrain.trainer import apply_recipe
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 8))
+    apply_recipe(model, recipe)
+    model.eval()
+    inf = to_inference(model)
+    assert isinstance(inf[0], Int8Conv2d) and inf[0].pow2 == (recipe == "wageubn")
+    x = torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        assert (inf(x) - model(x)).abs().max() < ATOL
+
+
 def test_operand_transforming_recipes_are_refused_by_name():
     torch.manual_seed(0)
     model = inttrain.prepare_(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)), "dorefa")

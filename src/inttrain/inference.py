@@ -12,9 +12,10 @@ quantize/dequantize operators (``torch.ops.quantized_decomposed``, exported to O
   for Linear layers with per-row activations, one per tensor otherwise (``s = amax / qmax``; an all-zero group
   gets ``s = 1``).
 
+Scales are ``amax / qmax`` or, where the recipe says so (wageubn), the next power of two above it.
 Inference rounds to nearest even even where a recipe rounds the forward pass stochastically.  Layers whose
-recipe transforms its operands at run time (DoReFa, unified-int8's hooks), or whose codes are wider than
-8 bits or on a power-of-two / fixed scale, are refused with a ``ValueError`` naming the layer: an export that
+recipe transforms its operands at run time (DoReFa), whose codes are wider than 8 bits or whose range is
+fixed are refused with a ``ValueError`` naming the layer: an export that
 silently computed something else would be worse.  Layers whose forward GEMM is float stay float.
 
 >>> import torch, inttrain
@@ -35,6 +36,7 @@ from torch import nn
 
 from .nn import IntLayerMixin, QConv2d, restore_module
 from .numerics import quantize
+from .recipes import LayerHooks
 from .spec import LayerPrecision, PerChannel, QuantSpec, Rounding, ScaleKind
 
 __all__ = ["to_inference", "Int8Linear", "Int8Conv2d", "register_qdq_ops"]
@@ -49,39 +51,44 @@ def register_qdq_ops() -> None:
 
 def _check_exportable(name: str, layer: IntLayerMixin) -> None:
     why = None
-    if layer.hooks is not None:
+    if layer.hooks is not None and type(layer.hooks).forward_operands is not LayerHooks.forward_operands:
+        # Hooks that only touch the gradient (unified-int8's clipping) do not change inference.
         why = f"its recipe transforms the operands at run time ({type(layer.hooks).__name__})"
     for side, spec in (("input", layer.precision.forward.lhs), ("weight", layer.precision.forward.rhs)):
         fmt = spec.fmt
         if why is None and (fmt.bits > 8 or not fmt.signed or not fmt.symmetric):
             why = f"its {side} codes are {fmt} (export writes signed symmetric codes of up to 8 bits)"
-        if why is None and (spec.scale_kind is not ScaleKind.FLOAT or spec.fixed_amax is not None):
-            why = f"its {side} scale is {spec.scale_kind.value}" + ("" if spec.fixed_amax is None else " with a fixed range")
+        if why is None and spec.fixed_amax is not None:
+            why = f"its {side} has a fixed range (fixed_amax={spec.fixed_amax})"
     if why is not None:
         raise ValueError(f"layer {name or '<root>'} ({type(layer).__name__}) cannot be exported to int8: {why}")
 
 
 def _weight_codes(module: nn.Module, weight: torch.Tensor, spec: QuantSpec) -> None:
     """int8 codes + per-output-channel scales of ``weight`` as buffers (a per-tensor scale is repeated)."""
-    q = quantize(weight.detach().float(), QuantSpec(spec.fmt, PerChannel(0), Rounding.NEAREST_EVEN))
+    kind = spec.scale_kind
+    q = quantize(weight.detach().float(), QuantSpec(spec.fmt, PerChannel(0), Rounding.NEAREST_EVEN, kind))
     module.register_buffer("weight_codes", q.data.to(torch.int8))
     module.register_buffer("weight_scale", q.scale.reshape(-1).contiguous())
     module.qmax = spec.fmt.qmax
     if not isinstance(spec.granularity, PerChannel):  # one scale for the whole weight, as the recipe has it
-        q = quantize(weight.detach().float(), QuantSpec(spec.fmt, spec.granularity, Rounding.NEAREST_EVEN))
+        q = quantize(weight.detach().float(), QuantSpec(spec.fmt, spec.granularity, Rounding.NEAREST_EVEN, kind))
         module.weight_codes.copy_(q.data.to(torch.int8))
         module.weight_scale.copy_(q.scale.reshape(1).expand(weight.shape[0]))
-
-
-def _scale(amax: torch.Tensor, qmax: int) -> torch.Tensor:
-    return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))  # an all-zero group: s = 1, codes 0
 
 
 class _Int8Base(nn.Module):
     weight_codes: torch.Tensor
     weight_scale: torch.Tensor
     qmax: int
+    pow2: bool  # input scale rounded up to a power of two (wageubn), as in numerics.scale_from_amax
     bias: torch.Tensor | None
+
+    def _scale(self, amax: torch.Tensor) -> torch.Tensor:
+        s = amax / self.qmax
+        if self.pow2:
+            s = torch.exp2(torch.ceil(torch.log2(s)))
+        return torch.where(amax > 0, s, torch.ones_like(amax))  # an all-zero group: s = 1, codes 0
 
     def dequantized_weight(self) -> torch.Tensor:
         qd = torch.ops.quantized_decomposed
@@ -90,7 +97,7 @@ class _Int8Base(nn.Module):
 
     def qdq_per_tensor(self, x: torch.Tensor) -> torch.Tensor:
         qd = torch.ops.quantized_decomposed
-        s = _scale(x.abs().max(), self.qmax)  # max() rather than amax(): the ONNX exporter needs a dim for amax
+        s = self._scale(x.abs().max())  # max() rather than amax(): the ONNX exporter needs a dim for amax
         zp = torch.zeros((), dtype=torch.int64)
         q = qd.quantize_per_tensor.tensor(x, s, zp, -self.qmax, self.qmax, torch.int8)
         return qd.dequantize_per_tensor.tensor(q, s, zp, -self.qmax, self.qmax, torch.int8)
@@ -102,6 +109,7 @@ class Int8Linear(_Int8Base):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, precision: LayerPrecision) -> None:
         super().__init__()
         _weight_codes(self, weight, precision.forward.rhs)
+        self.pow2 = precision.forward.lhs.scale_kind is ScaleKind.POW2
         self.per_row = isinstance(precision.forward.lhs.granularity, PerChannel)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
 
@@ -110,7 +118,7 @@ class Int8Linear(_Int8Base):
         x2 = x.float().reshape(-1, shape[-1])
         if self.per_row:
             qd = torch.ops.quantized_decomposed
-            s = _scale(x2.abs().amax(dim=1), self.qmax)
+            s = self._scale(x2.abs().amax(dim=1))
             zp = torch.zeros_like(s, dtype=torch.int64)
             q = qd.quantize_per_channel(x2, s, zp, 0, -self.qmax, self.qmax, torch.int8)
             x2 = qd.dequantize_per_channel(q, s, zp, 0, -self.qmax, self.qmax, torch.int8)
@@ -126,6 +134,7 @@ class Int8Conv2d(_Int8Base):
     def __init__(self, conv: nn.Conv2d, precision: LayerPrecision) -> None:
         super().__init__()
         _weight_codes(self, conv.weight, precision.forward.rhs)
+        self.pow2 = precision.forward.lhs.scale_kind is ScaleKind.POW2
         self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().float().clone(), requires_grad=False)
         self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
 

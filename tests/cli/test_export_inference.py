@@ -104,3 +104,21 @@ def test_bad_export_options_exit_2_and_write_nothing(run, tmp_path, capsys, monk
     assert main(["export", str(run), *args]) == 2
     assert capsys.readouterr().err.startswith(message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_onnx_export_of_8bit_batch_norm_and_power_of_two_scales(tmp_path):
+    """wageubn: its 8-bit BN takes a whole-tensor amax, which the ONNX exporter gets a translation for."""
+    pytest.importorskip("onnxruntime")
+    from inttrain.cli.export_inference import _export_onnx
+    from inttrain.inference import to_inference
+    from inttrain.trainer import apply_recipe
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 36, 3))
+    apply_recipe(model, "wageubn")
+    model.eval()
+    run = _export_onnx(to_inference(model), torch.randn(2, 1, 8, 8), tmp_path / "w.onnx")
+    x = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        assert (run(x) - model(x)).abs().max() < 1e-5

@@ -74,8 +74,15 @@ def _onnx_translations() -> dict:
     def dequantize(x, scale, zero_point, quant_min: int, quant_max: int, dtype: int, out_dtype: int = -1):
         return op.DequantizeLinear(x, scale, op.Cast(zero_point, to=int8))
 
+    def amax(x, dim=(), keepdim: bool = False):  # torchlib requires dim; the whole-tensor amax (8-bit BN) has none
+        keep = 1 if keepdim else 0
+        if not dim:
+            return op.ReduceMax(x, keepdims=keep)
+        return op.ReduceMax(x, op.Constant(value_ints=list(dim)), keepdims=keep)
+
     qd = torch.ops.quantized_decomposed
-    return {qd.quantize_per_tensor.tensor: quantize, qd.dequantize_per_tensor.tensor: dequantize}
+    return {qd.quantize_per_tensor.tensor: quantize, qd.dequantize_per_tensor.tensor: dequantize,
+            torch.ops.aten.amax.default: amax}
 
 
 def _export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
