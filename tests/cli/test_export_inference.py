@@ -122,3 +122,16 @@ def test_onnx_export_of_8bit_batch_norm_and_power_of_two_scales(tmp_path):
     x = torch.randn(5, 1, 8, 8)
     with torch.no_grad():
         assert (run(x) - model(x)).abs().max() < 1e-5
+
+
+def test_load_gives_an_integer_only_run_back_as_trained(tmp_path):
+    from inttrain import integer_only as T
+    from inttrain.cli.export import save_checkpoint
+
+    desc = {"input_shape": [4], "layers": [{"type": "linear", "in_features": 4, "out_features": 3}]}
+    model = T.Sequential.from_description(desc)
+    save_checkpoint(model, tmp_path / "run", "last")
+    back = inttrain.load(tmp_path / "run")
+    assert isinstance(back, T.Sequential)
+    for (n, a), (m, b) in zip(model.named_params(), back.named_params()):
+        assert n == m and a.exp == b.exp and torch.equal(a.acc, b.acc)
