@@ -18,6 +18,9 @@ recipe transforms its operands at run time (DoReFa), whose codes are wider than 
 fixed are refused with a ``ValueError`` naming the layer: an export that
 silently computed something else would be worse.  Layers whose forward GEMM is float stay float.
 
+:func:`export_onnx` and :func:`export_torch` write such a model (batch dimension dynamic) and return the
+written file loaded back, ready to check against the trained model (``inttrain export`` does exactly that).
+
 >>> import torch, inttrain
 >>> m = inttrain.prepare_(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)))
 >>> from inttrain.inference import to_inference
@@ -27,8 +30,13 @@ silently computed something else would be worse.  Layers whose forward GEMM is f
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
+import os
 import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +47,8 @@ from .numerics import quantize
 from .recipes import LayerHooks
 from .spec import LayerPrecision, PerChannel, QuantSpec, Rounding, ScaleKind
 
-__all__ = ["to_inference", "Int8Linear", "Int8Conv2d", "register_qdq_ops"]
+__all__ = ["to_inference", "Int8Linear", "Int8Conv2d", "register_qdq_ops", "export_onnx", "export_torch",
+           "onnx_translations", "quiet_exporter"]
 
 
 def register_qdq_ops() -> None:
@@ -170,3 +179,72 @@ def to_inference(model: nn.Module) -> nn.Module:
     for p in out.parameters():
         p.requires_grad_(False)
     return out
+
+
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """Silence the exporters' notes (optional libraries such as torchvision, pytree deprecations) on the
+    console; errors still raise."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # pytree deprecation notes from inside torch.export
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def onnx_translations() -> dict:
+    """ONNX translations the exporter lacks: per-tensor QDQ with a run-time scale (torchlib's wants the zero
+    point as a constant) and a whole-tensor ``amax`` (torchlib's requires ``dim``; 8-bit BN uses it)."""
+    import onnxscript
+    from onnxscript import opset18 as op
+
+    int8 = onnxscript.ir.DataType.INT8
+
+    def quantize(x, scale, zero_point, quant_min: int, quant_max: int, dtype: int):
+        return op.QuantizeLinear(x, scale, op.Cast(zero_point, to=int8))
+
+    def dequantize(x, scale, zero_point, quant_min: int, quant_max: int, dtype: int, out_dtype: int = -1):
+        return op.DequantizeLinear(x, scale, op.Cast(zero_point, to=int8))
+
+    def amax(x, dim=(), keepdim: bool = False):  # torchlib requires dim; the whole-tensor amax (8-bit BN) has none
+        keep = 1 if keepdim else 0
+        if not dim:
+            return op.ReduceMax(x, keepdims=keep)
+        return op.ReduceMax(x, op.Constant(value_ints=list(dim)), keepdims=keep)
+
+    qd = torch.ops.quantized_decomposed
+    return {qd.quantize_per_tensor.tensor: quantize, qd.dequantize_per_tensor.tensor: dequantize,
+            torch.ops.aten.amax.default: amax}
+
+
+def export_onnx(model: nn.Module, example: torch.Tensor, path: str | Path) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Write ``model`` (e.g. :func:`to_inference`'s copy; one tensor input, batch dimension dynamic) as ONNX
+    to ``path`` and return a function that runs the written file with ONNX Runtime (tensor in, tensor out).
+
+    Needs onnx, onnxscript and onnxruntime (``pip install 'inttrain[onnx]'``).
+    """
+    import onnxruntime as ort
+
+    dims = ({0: torch.export.Dim("batch")},)
+    with quiet_exporter():
+        program = torch.onnx.export(model, (example,), dynamic_shapes=dims, dynamo=True, verbose=False,
+                                    custom_translation_table=onnx_translations())
+    program.save(str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
+
+
+def export_torch(model: nn.Module, example: torch.Tensor, path: str | Path) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Write ``model`` as a ``torch.export`` program (``.pt2``, batch dimension dynamic) to ``path``; return
+    the module loaded back from the file."""
+    with quiet_exporter():
+        program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+        torch.export.save(program, str(path))
+        return torch.export.load(str(path)).module()

@@ -109,7 +109,7 @@ def test_bad_export_options_exit_2_and_write_nothing(run, tmp_path, capsys, monk
 def test_onnx_export_of_8bit_batch_norm_and_power_of_two_scales(tmp_path):
     """wageubn: its 8-bit BN takes a whole-tensor amax, which the ONNX exporter gets a translation for."""
     pytest.importorskip("onnxruntime")
-    from inttrain.cli.export_inference import _export_onnx
+    from inttrain.inference import export_onnx
     from inttrain.inference import to_inference
     from inttrain.trainer import apply_recipe
 
@@ -118,7 +118,7 @@ def test_onnx_export_of_8bit_batch_norm_and_power_of_two_scales(tmp_path):
                                 torch.nn.Linear(4 * 36, 3))
     apply_recipe(model, "wageubn")
     model.eval()
-    run = _export_onnx(to_inference(model), torch.randn(2, 1, 8, 8), tmp_path / "w.onnx")
+    run = export_onnx(to_inference(model), torch.randn(2, 1, 8, 8), tmp_path / "w.onnx")
     x = torch.randn(5, 1, 8, 8)
     with torch.no_grad():
         assert (run(x) - model(x)).abs().max() < 1e-5

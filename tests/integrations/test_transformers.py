@@ -98,3 +98,30 @@ def test_resume_from_checkpoint_is_bit_identical(tmp_path):
             callbacks=[IntTrainCallback(RECIPE)]).train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-6"))
     for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), k
+
+
+def test_trained_llama_exports_to_onnx_with_int8_qdq(tmp_path):
+    """Trained in transformers.Trainer, deployed with ONNX Runtime: the same next-token predictions."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from inttrain.inference import export_onnx, to_inference
+
+    model = _llama()
+    Trainer(model=model, args=_args(tmp_path, 10), train_dataset=Counting(), callbacks=[IntTrainCallback("int8")]).train()
+    model.eval()
+
+    class Logits(torch.nn.Module):  # token ids in, logits out: one tensor each way
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, use_cache=False).logits
+
+    ids = Counting(8).ids
+    run = export_onnx(Logits(to_inference(model)), ids[:2], tmp_path / "llama.onnx")
+    with torch.no_grad():
+        trained = Logits(model)(ids)
+    exported = run(ids)  # batch 8 through a graph exported at batch 2
+    assert torch.equal(exported.argmax(-1), trained.argmax(-1))
+    assert (exported - trained).abs().max() < 1e-4
