@@ -2,6 +2,8 @@
 
 >>> import inttrain
 >>> # inttrain.prepare_(model, "int8")  # swap Linear/Conv2d for int8-training layers, in place
+>>> # inttrain.conversion_report(model)  # what runs on integer kernels, what stayed float and why
+>>> # model = inttrain.load("runs/NAME")  # a trained run's model back (recipe applied, eval mode)
 
 Heavy submodules are imported lazily so that ``import inttrain`` stays cheap.
 """
@@ -18,6 +20,9 @@ _LAZY = {
     "restore_": "inttrain.api",
     "get_config": "inttrain.api",
     "recipe_names": "inttrain.api",
+    "conversion_report": "inttrain.api",
+    "FloatFallbackWarning": "inttrain.report",
+    "load": "inttrain.cli.load",
     "QLinear": "inttrain.nn",
     "QConv2d": "inttrain.nn",
     "quantize": "inttrain.numerics",

@@ -13,14 +13,18 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Callable
 
 from torch import nn
 
-from .nn import QConv2d, QLinear, restore_module
+from .nn import IntLayerMixin, QConv2d, QLinear, restore_module
+from .nn.hf_conv1d import is_hf_conv1d, qconv1d_class
 from .recipes import RECIPES, RecipeConfig, from_name
+from .report import ConversionReport, FloatFallbackWarning, float_reason
 
-__all__ = ["prepare_", "restore_", "get_config", "recipe_names"]
+__all__ = ["prepare_", "restore_", "get_config", "recipe_names", "conversion_report", "FloatFallbackWarning",
+           "ConversionReport"]
 
 log = logging.getLogger("inttrain")
 
@@ -42,7 +46,7 @@ def get_config(config: RecipeConfig | str) -> RecipeConfig:
 
 
 def _unsupported_reason(module: nn.Module) -> str | None:
-    """Why the integer kernels cannot serve this layer as it is, or None if they can."""
+    """Why the integer kernels cannot serve this Linear/Conv2d/Conv1D as it is, or None if they can."""
     if type(module) is nn.Linear:
         return "empty layer" if module.in_features == 0 or module.out_features == 0 else None
     if type(module) is nn.Conv2d:
@@ -51,14 +55,21 @@ def _unsupported_reason(module: nn.Module) -> str | None:
         if isinstance(module.padding, str):
             return f"padding={module.padding!r} (give padding as numbers)"
         return None
+    if is_hf_conv1d(module):
+        return "empty layer" if 0 in module.weight.shape else None
+    return float_reason(module)
+
+
+def _layer_class(module: nn.Module) -> type | None:
+    """The integer class that replaces ``module``, or None when ``module`` is no convertible GEMM layer."""
     if isinstance(module, (nn.Linear, nn.Conv2d)):
-        return f"subclass {type(module).__name__} (its owner may not call its forward)"
-    return "not a Linear/Conv2d"
+        return QLinear if isinstance(module, nn.Linear) else QConv2d
+    return qconv1d_class(type(module)) if is_hf_conv1d(module) else None
 
 
 def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: FilterFn | None = None,
              dataflow: bool = False) -> nn.Module:
-    """Convert every ``nn.Linear`` / ``nn.Conv2d`` of ``model`` to its integer-training layer, in place.
+    """Convert every ``nn.Linear`` / ``nn.Conv2d`` (and transformers' GPT-2 ``Conv1D``) of ``model`` in place.
 
     Args:
         model: any module (the root itself may be a Linear/Conv2d).
@@ -70,24 +81,29 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
             save int8 for backward; an op without an int8 version runs in float on the dequantized
             values and is logged once (see :mod:`inttrain.autograd.dataflow`).
 
-    Layers the kernels cannot serve (string padding, non-zero padding modes, Linear/Conv2d subclasses)
-    stay in float and are logged on the ``inttrain`` logger.  Parameters are not copied: optimizers
-    built before or after ``prepare_`` see the same tensors, and ``state_dict()`` keys do not change.
-    Returns ``model``.
+    Layers with weights that no integer kernel serves (string padding, non-zero padding modes, Linear/Conv2d
+    subclasses such as ``nn.MultiheadAttention``'s projection, ``Conv1d``, ``LSTM``...) stay in float, and
+    each one raises a :class:`FloatFallbackWarning` naming the layer and why; layers left in float on
+    purpose (``filter_fn``, the recipe's own choice) are only logged.  The table of
+    :func:`conversion_report` (converted / left in float, per type) is logged on the ``inttrain`` logger.
+    Parameters are not copied: optimizers built before or after ``prepare_`` see the same tensors, and
+    ``state_dict()`` keys do not change.  Returns ``model``.
     """
     cfg = get_config(config)
     if not cfg.converts_layers():
         return model
-    converted, skipped = 0, []
     last_linear = None
     recipe_filter = cfg.layer_filter(model)
     for layer_id, (fqn, module) in enumerate(model.named_modules()):
-        if isinstance(module, (QLinear, QConv2d)):
+        if isinstance(module, IntLayerMixin):
             restore_module(module)  # re-preparing replaces the old precision
-        if not isinstance(module, (nn.Linear, nn.Conv2d)):
-            continue
         reason = _unsupported_reason(module)
-        if reason is None and filter_fn is not None and not filter_fn(module, fqn):
+        if reason is not None:
+            if reason != "not a GEMM layer":
+                warnings.warn(f"inttrain: {fqn or '<root>'} ({type(module).__name__}) stays in float: {reason}",
+                              FloatFallbackWarning, stacklevel=2)
+            continue
+        if filter_fn is not None and not filter_fn(module, fqn):
             reason = "excluded by filter_fn"
         if reason is None and recipe_filter is not None and not recipe_filter(module, fqn):
             reason = f"kept in float by recipe {cfg.name!r}"
@@ -95,22 +111,42 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
         if reason is None and precision is None:
             reason = f"left in float by recipe {cfg.name!r}"
         if reason is not None:
-            skipped.append((fqn, reason))
             log.info("inttrain: kept %s (%s) in float: %s", fqn or "<root>", type(module).__name__, reason)
             continue
-        layer_cls = QLinear if type(module) is nn.Linear else QConv2d
+        layer_cls = _layer_class(module)
         layer_cls.convert(module, precision, seed=cfg.seed, layer_id=layer_id)
         if dataflow:
             module.dataflow = True
-            last_linear = module if layer_cls is QLinear else last_linear
+            last_linear = module if layer_cls is not QConv2d else last_linear
         hooks = cfg.hooks_for(module, fqn)
         if hooks is not None:
             module.hooks = hooks
-        converted += 1
     if last_linear is not None:  # the model's head: its logits go to the loss in float
         last_linear.dataflow = False
-    log.info("inttrain: recipe %s converted %d layers, kept %d in float", cfg.name, converted, len(skipped))
+    log.info("inttrain: recipe %s\n%s", cfg.name, conversion_report(model).table())
     return model
+
+
+def conversion_report(model: nn.Module) -> ConversionReport:
+    """What runs on integer kernels in ``model`` now: converted layers and layers with weights left in float.
+
+    >>> import torch, inttrain
+    >>> m = inttrain.prepare_(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)), "int8")
+    >>> inttrain.conversion_report(m).converted
+    {'Linear': 2}
+    """
+    converted: dict[str, int] = {}
+    left: list[tuple[str, str, str]] = []
+    for fqn, module in model.named_modules():
+        if isinstance(module, IntLayerMixin):
+            name = module.float_class.__name__
+            converted[name] = converted.get(name, 0) + 1
+            continue
+        reason = _unsupported_reason(module)
+        if reason == "not a GEMM layer":
+            continue
+        left.append((fqn or "<root>", type(module).__name__, reason or "excluded by filter_fn or the recipe"))
+    return ConversionReport(converted, left)
 
 
 def restore_(model: nn.Module) -> nn.Module:

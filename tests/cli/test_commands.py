@@ -52,8 +52,8 @@ def test_recipes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "int8" in names
     assert main(["recipes", "show", "int8"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[1].strip() == "Config of the ``int8`` recipe."
-    assert "    bits               8" in out and "per_channel" in out
+    assert out.splitlines()[1].strip() == "int8 / int8-mixed: the practical default — all three GEMMs in int8, float master weights."
+    assert "  bits               8" in out and "per_channel" in out
     assert main(["recipes", "show", "int3"]) == 2
     assert capsys.readouterr().err.startswith("error: NAME: 'int3' is not one of: fp32, bf16, int8")
 

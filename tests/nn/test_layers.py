@@ -70,11 +70,19 @@ def test_filter_fn_and_logged_skips(caplog):
 def test_unservable_layers_stay_float_with_a_reason(caplog):
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding="same"), nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"),
                           nn.MultiheadAttention(8, 2))
-    with caplog.at_level(logging.INFO, logger="inttrain"):
+    with caplog.at_level(logging.INFO, logger="inttrain"), pytest.warns(inttrain.FloatFallbackWarning) as record:
         inttrain.prepare_(model, "int8")
     assert type(model[0]) is nn.Conv2d and type(model[1]) is nn.Conv2d
-    assert "padding='same'" in caplog.text and "padding_mode='reflect'" in caplog.text
-    assert "NonDynamicallyQuantizableLinear" in caplog.text
+    messages = [str(w.message) for w in record]
+    assert messages == [
+        "inttrain: 0 (Conv2d) stays in float: padding='same' (give padding as numbers)",
+        "inttrain: 1 (Conv2d) stays in float: padding_mode='reflect' (only zero padding)",
+        "inttrain: 2 (MultiheadAttention) stays in float: its q/k/v projection is a raw parameter used by"
+        " F.multi_head_attention_forward (write the projections as nn.Linear layers to convert them)",
+        "inttrain: 2.out_proj (NonDynamicallyQuantizableLinear) stays in float: subclass"
+        " NonDynamicallyQuantizableLinear of Linear (its owner may call the functional op on its weight, not its forward)",
+    ]
+    assert "padding='same'" in caplog.text and "NonDynamicallyQuantizableLinear" in caplog.text  # the logged table
 
 
 def test_root_module_can_be_a_layer():

@@ -7,12 +7,10 @@ point it at other data of the same shape).
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import typer
 
-from .config import RunConfig, config_from_dict
 from .errors import UsageProblem
 
 __all__ = ["resolve_checkpoint", "run_eval"]
@@ -34,32 +32,15 @@ def resolve_checkpoint(path: Path) -> Path:
 def run_eval(path: Path, dataset: str | None, data_dir: Path | None, threads: int | None) -> float:
     import math
 
-    from inttrain.trainer import CheckpointError, evaluate_metrics, load_checkpoint
-
-    from .run import prepare_run
-
-    weights_path = resolve_checkpoint(path)
-    try:
-        weights, state = load_checkpoint(weights_path)
-    except CheckpointError as e:
-        raise UsageProblem("CHECKPOINT", str(e)) from None
-    saved = config_from_dict(dict(state.get("config", {})), f"{weights_path} config")
-    overrides = {k: v for k, v in dict(dataset=dataset, threads=threads).items() if v is not None}
-    if data_dir is not None or dataset is not None:
-        overrides["data_dir"] = str(data_dir) if data_dir is not None else None
-    cfg = dataclasses.replace(RunConfig(), **{**saved, **overrides, "max_steps": None})
-    p = prepare_run(cfg, echo=lambda s: None)
-    try:
-        p.model.load_state_dict(weights)
-    except RuntimeError as e:
-        raise UsageProblem(
-            "--dataset", f"{cfg.dataset!r}: checkpoint {weights_path.name} does not fit the model built for it "
-            f"({str(e).splitlines()[0]})"
-        ) from None
+    import torch
     from torch.utils.data import DataLoader
 
-    import torch
+    from inttrain.trainer import evaluate_metrics
 
+    from .load import load_run
+
+    p, weights_path = load_run(path, dataset, data_dir, threads)
+    cfg = p.cfg
     loss, acc = evaluate_metrics(p.model, DataLoader(p.splits.val, batch_size=256), cfg.recipe, torch.device("cpu"))
     if p.splits.task == "lm":
         ppl = math.exp(loss) if loss < 700 else math.inf  # exp overflows a float past ~709

@@ -1,17 +1,54 @@
-"""``inttrain recipes`` (names) and ``inttrain recipes show NAME`` (defaults + description)."""
+"""``inttrain recipes`` (names) and ``inttrain recipes show NAME`` (paper, bits per GEMM, integer vs float, defaults)."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 import inspect
+import re
+import sys
 
-__all__ = ["recipe_list", "describe_recipe"]
+__all__ = ["recipe_list", "describe_recipe", "SHOW_ONLY"]
 
-_FLOAT_DOCS = {
-    "fp32": "Plain float32 training (the baseline every integer recipe is compared with).",
-    "bf16": "Float training under torch.autocast with bfloat16 (done by the trainer, not prepare_).",
+#: Shown by ``recipes show`` but not trainable by ``inttrain train`` (its own engine; docs/integer-training.md).
+SHOW_ONLY = ("integer-only",)
+
+# (paper, what runs in integer arithmetic, what stays float): the facts each recipe module's docstring states.
+_FACTS: dict[str, tuple[str, str, str]] = {
+    "fp32": ("none (the baseline)", "nothing", "everything: float32 weights, activations, gradients"),
+    "bf16": ("none (torch.autocast)", "nothing",
+             "everything; matmuls and convolutions in bfloat16 under autocast, float32 master weights"),
+    "int8": ("int8 mixed precision: Zhu et al. CVPR 2020 Sec. 3; torchao's int8 mixed-precision training; "
+             "SwitchBack (Wortsman et al. 2023)",
+             "the three GEMMs of every Linear/Conv2d (int8 x int8 -> int32)",
+             "master weights and optimizer (any torch optimizer), scales, element-wise ops, normalization, loss"),
+    "dorefa": ("Zhou et al. 2016, DoReFa-Net, arXiv:1606.06160",
+               "the three GEMMs, on the paper's k-bit codes of weights, activations and gradients",
+               "the tanh/clip/normalise/noise transforms (element-wise), master weights, first and last layer"),
+    "unified-int8": ("Zhu et al., Towards Unified INT8 Training for Convolutional Neural Network, CVPR 2020",
+                     "the three GEMMs (int8 x int8 -> int32)",
+                     "direction-sensitive gradient clipping search, deviation-counteractive LR scaling, "
+                     "master weights"),
+    "sbm": ("Banner et al., Scalable Methods for 8-bit Training of Neural Networks, NeurIPS 2018",
+            "the three GEMMs; the 16-bit weight-gradient GEMM exactly on int8 kernels (int16 split)",
+            "Range BatchNorm arithmetic (simulated in float32), master weights"),
+    "wageubn": ("Yang et al., Training high-performance and large-scale deep neural networks with full 8-bit "
+                "integers, Neural Networks 2020 (WAGEUBN)",
+                "the three GEMMs with power-of-two scales; weight gradients, momentum and update on fixed-point "
+                "grids (8/16/24 bits)",
+                "BN statistics (its output, gamma and beta are 8-bit), the float32 tensors holding the grids"),
+    "integer-only": ("Wang et al., NITI: Training Integer Neural Networks Using Integer-only Arithmetic, "
+                     "IEEE TPDS 2022",
+                     "everything in a training step: int8 codes with power-of-two exponents, int32 accumulators, "
+                     "rounding shifts, integer softmax cross-entropy gradient, integer SGD with int16 master "
+                     "weights",
+                     "nothing (float only to convert the initial weights); train it with the Python API or "
+                     "python -m inttrain.micro, not inttrain train"),
 }
+_FACTS["int8-mixed"] = _FACTS["int8"]
+
+_GEMMS = {"Linear": (("forward", "y  = x W^T"), ("grad_input", "dx = dy W"), ("grad_weight", "dW = dy^T x")),
+          "Conv2d": (("forward", "y  = x * W"), ("grad_input", "dx = dy *T W"), ("grad_weight", "dW = dy * x"))}
 
 
 def recipe_list() -> list[str]:
@@ -29,23 +66,54 @@ def _value(v: object) -> str:
     return v.value if isinstance(v, enum.Enum) else repr(v)
 
 
-def describe_recipe(name: str) -> str:
-    """Default fields of the recipe's config dataclass and the first paragraph of its docstring."""
-    from .errors import check_choice
+def _config(name: str):
+    if name == "integer-only":
+        from inttrain.recipes.integer_only import IntegerOnlyConfig
 
-    check_choice("NAME", name, recipe_list())
+        return IntegerOnlyConfig()
     import inttrain
 
-    try:
-        cfg = inttrain.get_config(name)
-    except (ValueError, AttributeError, ImportError):
-        cfg = None  # trainer-only recipe (bf16) or no library recipes in this build
-    if cfg is None or not dataclasses.is_dataclass(cfg):
-        return f"{name}\n  {_FLOAT_DOCS.get(name, '')}".rstrip()
-    lines = [f"{name} ({type(cfg).__name__})", f"  {_first_paragraph(type(cfg).__doc__) or _FLOAT_DOCS.get(name, '')}"]
-    fields = dataclasses.fields(cfg)
+    return inttrain.get_config(name)
+
+
+def _gemm_lines(cfg) -> list[str]:
+    """Bits and scale granularity of each GEMM, for a sample Linear and Conv2d layer."""
+    from torch import nn
+
+    lines = []
+    for kind, layer in (("Linear", nn.Linear(16, 16)), ("Conv2d", nn.Conv2d(4, 4, 3))):
+        try:
+            prec = cfg.precision_for(layer, kind.lower())
+        except ValueError as e:  # e.g. dorefa's default bits on a Conv2d
+            lines.append(f"  {kind}: not at the default bits ({e})")
+            continue
+        if prec is None:
+            lines.append(f"  {kind}: float")
+            continue
+        lines.append(f"  {kind} (codes/scale granularity/rounding, lhs x rhs):")
+        lines += [f"    {g:<12} {eq:<12} {getattr(prec, g)}" for g, eq in _GEMMS[kind]]
+    return lines
+
+
+def describe_recipe(name: str) -> str:
+    """The recipe's paper, bits per GEMM, what is integer and what float, and its config defaults."""
+    from .errors import check_choice
+
+    check_choice("NAME", name, [*recipe_list(), *SHOW_ONLY])
+    cfg = _config(name)
+    module = sys.modules[type(cfg).__module__]
+    summary = re.sub(r":\w+:`([^`]*)`", r"\1", _first_paragraph(module.__doc__)).replace("``", "")
+    paper, integer, floating = _FACTS.get(name, ("", "", ""))
+    lines = [f"{name} ({type(cfg).__name__})", f"  {summary}", f"  paper:   {paper}", f"  integer: {integer}",
+             f"  float:   {floating}"]
+    if hasattr(cfg, "converts_layers") and cfg.converts_layers():
+        lines += ["bits per GEMM:", *_gemm_lines(cfg)]
+    elif name == "integer-only":
+        lines += ["bits per GEMM:", "  every GEMM: int8 codes x int8 codes -> int32, power-of-two exponents"
+                  f" (master weights int{cfg.weight_bits})"]
+    fields = [f for f in dataclasses.fields(cfg)] if dataclasses.is_dataclass(cfg) else []
     if fields:
         width = max(len(f.name) for f in fields)
-        lines.append("  defaults:")
-        lines += [f"    {f.name.ljust(width)}  {_value(getattr(cfg, f.name))}" for f in fields]
+        lines.append("defaults:")
+        lines += [f"  {f.name.ljust(width)}  {_value(getattr(cfg, f.name))}" for f in fields]
     return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""``inttrain.load(RUN_DIR)``: the trained model of a run folder (or checkpoint) back in Python.
+
+The model, recipe and data come from the config stored in the checkpoint, as for ``inttrain eval``: the model is
+rebuilt, the recipe applied (integer layers, dataflow, swapped norms) and the checkpoint's weights loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .errors import UsageProblem
+
+__all__ = ["load", "load_run"]
+
+
+def load_run(path: str | Path, dataset: str | None = None, data_dir: Path | None = None,
+             threads: int | None = None) -> tuple[Any, Path]:
+    """``(Prepared, weights file)`` of a run folder or ``.safetensors`` checkpoint: model (trained weights,
+    eval mode) and data splits (UsageProblem on any problem; ``dataset``/``data_dir`` point it at other data)."""
+    from inttrain.trainer import CheckpointError, load_checkpoint
+
+    from .config import RunConfig, config_from_dict
+    from .evaluate import resolve_checkpoint
+    from .run import prepare_run
+
+    weights_path = resolve_checkpoint(Path(path))
+    try:
+        weights, state = load_checkpoint(weights_path)
+    except CheckpointError as e:
+        raise UsageProblem("CHECKPOINT", str(e)) from None
+    if "integer_only" in state:
+        raise UsageProblem("CHECKPOINT", f"{weights_path}: an integer-only checkpoint; load it with "
+                           "inttrain.load (Python) or export it with --format micro")
+    saved = config_from_dict(dict(state.get("config", {})), f"{weights_path} config")
+    overrides = {k: v for k, v in dict(dataset=dataset, threads=threads).items() if v is not None}
+    if data_dir is not None or dataset is not None:
+        overrides["data_dir"] = str(data_dir) if data_dir is not None else None
+    cfg = dataclasses.replace(RunConfig(), **{**saved, "threads": None, **overrides, "max_steps": None})
+    p = prepare_run(cfg, echo=lambda s: None)
+    try:
+        p.model.load_state_dict(weights)
+    except RuntimeError as e:
+        raise UsageProblem(
+            "--dataset", f"{cfg.dataset!r}: checkpoint {weights_path.name} does not fit the model built for it "
+            f"({str(e).splitlines()[0]})"
+        ) from None
+    p.model.eval()
+    return p, weights_path
+
+
+def load(run_dir: str | Path) -> nn.Module:
+    """The trained model of ``run_dir`` (a run folder, its best else last checkpoint; or a ``.safetensors``
+    checkpoint) with its recipe applied, in eval mode.
+
+    Integer-only checkpoints give the :class:`inttrain.integer_only.Sequential` they were trained as.
+    Problems (missing folder, damaged checkpoint, data that no longer fits) raise ``ValueError``.
+
+    >>> model = inttrain.load("runs/small-cnn-int8")          # doctest: +SKIP
+    >>> model(images).argmax(1)                                # doctest: +SKIP
+    """
+    try:
+        return load_run(run_dir)[0].model
+    except UsageProblem as e:
+        if "integer-only checkpoint" not in str(e):
+            raise ValueError(str(e)) from None
+    from inttrain import integer_only as T
+
+    from .evaluate import resolve_checkpoint
+    from .export import load_checkpoint_model
+
+    return T.Sequential.from_micro(load_checkpoint_model(resolve_checkpoint(Path(run_dir)))[0])
