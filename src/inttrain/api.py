@@ -19,6 +19,7 @@ from typing import Callable
 from torch import nn
 
 from .nn import IntLayerMixin, QConv2d, QLinear, restore_module
+from .nn.layers import MaskReLU
 from .nn.hf_conv1d import is_hf_conv1d, qconv1d_class
 from .recipes import RECIPES, RecipeConfig, from_name
 from .report import ConversionReport, FloatFallbackWarning, float_reason
@@ -97,6 +98,9 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
     for layer_id, (fqn, module) in enumerate(model.named_modules()):
         if isinstance(module, IntLayerMixin):
             restore_module(module)  # re-preparing replaces the old precision
+        if type(module) is nn.ReLU:  # compiled graphs save its mask as int8 (see inttrain.autograd.relu)
+            module.__class__ = MaskReLU
+            continue
         reason = _unsupported_reason(module)
         if reason is not None:
             if reason != "not a GEMM layer":

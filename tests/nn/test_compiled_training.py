@@ -110,6 +110,9 @@ def test_compiled_stochastic_rounding_uses_per_call_seeds():
     recipe = Int8MixedConfig(grad_rounding=Rounding.STOCHASTIC)
     eager, compiled_model, history, fp32_grads = _train_side_by_side("mlp", recipe, sync_weights=True)
     _check(eager, compiled_model, history, fp32_grads)
-    for *_, grads in history:  # same weights, same seeds -> same codes; only float reassociation remains
-        for ge, gc in grads:
-            assert sqnr_db(ge, gc) > SAME_CODES_SQNR_DB  # a different seed gives ~32-40 dB here
+    # The head's weight gradient sees the same inputs in both runs (earlier layers' dx differ by design: a
+    # compiled step folds the weight scales into dy, see inttrain.autograd.linear._dx_from_forward_codes):
+    # same weights and same seeds give the same stochastically rounded codes, only float reassociation remains.
+    for *_, grads in history:
+        head_weight_grad = grads[-2]
+        assert sqnr_db(*head_weight_grad) > SAME_CODES_SQNR_DB  # a different seed gives ~32-40 dB here

@@ -56,6 +56,24 @@ def _usable_codes(x, prec: LayerPrecision) -> tuple[torch.Tensor, torch.Tensor] 
     return x.codes.reshape(-1, x.shape[-1]), x.scale
 
 
+def _reuses_weight_codes(prec: LayerPrecision) -> bool:
+    """Whether a compiled step computes dx from the forward's weight codes (same weight format both ways)."""
+    return (torch.compiler.is_compiling() and prec.forward.integer and prec.grad_input.integer
+            and prec.forward.rhs == prec.grad_input.rhs)
+
+
+def _dx_from_forward_codes(dy2, qw, sw, dy_spec, seed):
+    """``dx = dy W`` with the forward's codes ``W = sw * qw`` (``sw``: one scale per output feature, [out, 1]).
+
+    A per-output-feature scale lies along this GEMM's reduction, so it cannot stay outside the integer sum;
+    it is folded into the output gradient instead: ``dy W = (dy * sw^T) qw``, and ``dy * sw^T`` is quantized
+    per row as ``dy`` would be.  One weight quantization per step serves both GEMMs (compiled steps only: there
+    the multiply fuses into the quantize pass, while eager would pay an extra pass over ``dy``).
+    """
+    qg, sg = quantize_matrix(dy2 * sw.reshape(1, -1), dy_spec, 0, seed=seed)
+    return dequant_epilogue(int_mm(qg, qw, reuse_output=True), sg, sg.new_ones((1, 1)))
+
+
 class _IntLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, prec: LayerPrecision, seeds: GemmSeeds, grad_hook=None, emit_int8=False):
@@ -82,15 +100,18 @@ class _IntLinearFn(torch.autograd.Function):
             y = dequant_epilogue(int_mm(qx, qw.t(), reuse_output=True), sx, sw.t(), None if bias is None else bias.float())
         else:
             y = torch.nn.functional.linear(x2.float(), weight.float(), None if bias is None else bias.float())
+        # Compiled steps keep the forward's weight codes for dx = dy W (see _dx_from_forward_codes).
+        ctx.fold_w = fwd.integer and _reuses_weight_codes(prec) and ctx.needs_input_grad[0]
+        w_extra = (qw, sw) if ctx.fold_w else ()
         if not ctx.needs_input_grad[1]:  # inference / frozen weight: no dW, nothing to keep
-            save_with_seeds(ctx, seeds, weight)
+            save_with_seeds(ctx, seeds, weight, *w_extra)
         elif codes is not None:  # the int8 input is the activation: its (shared, uint8) codes serve dW = dy^T x
-            save_with_seeds(ctx, seeds, weight, codes[0], codes[1].reshape(1, 1))
+            save_with_seeds(ctx, seeds, weight, codes[0], codes[1].reshape(1, 1), *w_extra)
         elif gw.integer:  # keep int8 codes of x for dW = dy^T x (quantized along its in-feature axis)
             qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=seeds[2] ^ 0x5BD1E995)
-            save_with_seeds(ctx, seeds, weight, qx_gw, sx_gw)
+            save_with_seeds(ctx, seeds, weight, qx_gw, sx_gw, *w_extra)
         else:
-            save_with_seeds(ctx, seeds, weight, x2)
+            save_with_seeds(ctx, seeds, weight, x2, *w_extra)
         ctx.prec, ctx.has_bias, ctx.grad_hook = prec, bias is not None, grad_hook
         ctx.x_shape, ctx.x_dtype = in_shape, torch.float32 if isinstance(x2, QActivation) else x2.dtype
         ctx.x_shifted = codes is not None  # saved dW operand is uint8 code + 128
@@ -102,6 +123,10 @@ class _IntLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (weight, *saved), seeds = saved_and_seeds(ctx)
+        w_codes = None
+        if ctx.fold_w:
+            *saved, qwf, swf = saved
+            w_codes = (qwf, swf)
         prec = ctx.prec
         dy2 = dy.to(torch.float32).reshape(-1, dy.shape[-1])
         if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
@@ -127,7 +152,9 @@ class _IntLinearFn(torch.autograd.Function):
             dw = dw.to(weight.dtype)
         if ctx.needs_input_grad[0]:
             gi = prec.grad_input
-            if gi.integer:
+            if w_codes is not None:
+                dx = _dx_from_forward_codes(dy2, *w_codes, gi.lhs, seeds[1])
+            elif gi.integer:
                 qg, sg = quantize_matrix(dy2, gi.lhs, 0, seed=seeds[1])
                 if not is_finite(sg):
                     return _non_finite_grads(ctx, weight)

@@ -30,11 +30,13 @@ class BasicBlock(nn.Module):
                 nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False),
                 nn.BatchNorm2d(planes),
             )
+        # A module (not F.relu), so that prepare_ can give compiled graphs its int8-mask ReLU.
+        self.relu = nn.ReLU()
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
+        return self.relu(out + self.shortcut(x))
 
 
 class CifarResNet(nn.Module):
@@ -57,6 +59,7 @@ class CifarResNet(nn.Module):
         # Global average pooling makes the head independent of the input size.
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(64, num_classes)
+        self.relu = nn.ReLU()
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -68,6 +71,6 @@ class CifarResNet(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn1(self.conv1(x)))
         out = self.layer3(self.layer2(self.layer1(out)))
         return self.fc(self.pool(out).flatten(1))

@@ -16,10 +16,11 @@ from torch import nn
 
 from ..autograd import int_linear
 from ..autograd.qactivation import dequantize_if_quantized
+from ..autograd.relu import relu_int8_mask
 from ..numerics.hashing import advance_seeds, mix_seed, mix_seed_tensor
 from ..spec import LayerPrecision
 
-__all__ = ["QLinear", "QConv2d", "IntLayerMixin"]
+__all__ = ["QLinear", "QConv2d", "IntLayerMixin", "MaskReLU"]
 
 
 class IntLayerMixin:
@@ -68,6 +69,9 @@ class IntLayerMixin:
     def _next_seeds(self) -> tuple:
         """Seeds of the three GEMMs for this call: ints in eager mode, 0-d tensors (same values) when compiling."""
         if torch.compiler.is_compiling():
+            if self.training and self.hooks is None and not self.precision.uses_seeds:
+                self.sr_calls.add_(1)  # round-to-nearest everywhere: the seeds are never read
+                return (0, 0, 0)
             if self.training:
                 return tuple(advance_seeds(self.sr_calls, self.seed, self.layer_id).unbind(0))
             return tuple(mix_seed_tensor(self.seed, self.layer_id, self.sr_calls, gemm) for gemm in range(3))
@@ -127,8 +131,23 @@ class QConv2d(IntLayerMixin, nn.Conv2d):
                           emit_int8=self.dataflow)
 
 
+class MaskReLU(nn.ReLU):
+    """``nn.ReLU`` that, inside a compiled graph, saves its backward mask as int8 instead of bool
+    (:mod:`inttrain.autograd.relu`: Inductor stores bool masks ~30x slower).  Eager and int8-dataflow
+    inputs take torch's ReLU unchanged.  :func:`inttrain.prepare_` switches ``nn.ReLU`` modules to it."""
+
+    float_class = nn.ReLU
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and type(x) is torch.Tensor:
+            return relu_int8_mask(x)
+        return super().forward(x)
+
+
 def restore_module(module: nn.Module) -> nn.Module:
     """Switch an integer layer back to its plain torch class (in place)."""
+    if type(module) is MaskReLU:
+        module.__class__ = nn.ReLU
     if isinstance(module, IntLayerMixin):
         module.__class__ = module.float_class
         for attr in ("precision", "seed", "layer_id", "hooks", "dataflow"):

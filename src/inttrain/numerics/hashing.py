@@ -65,8 +65,10 @@ def uniform_from_counter(
 
 @torch.library.custom_op("inttrain::advance_seeds", mutates_args=("counter",))
 def _advance_seeds(counter: torch.Tensor, seed: int, layer_id: int, gemms: int) -> torch.Tensor:
-    counter.add_(1)
-    return torch.stack([mix_seed_tensor(seed, layer_id, counter, g) for g in range(gemms)])
+    calls = int(counter) + 1  # runs eagerly (an opaque node): Python ints are the cheapest here
+    counter.fill_(calls)
+    return torch.tensor([mix_seed(seed, layer_id, calls, g) for g in range(gemms)], dtype=torch.int64,
+                        device=counter.device)
 
 
 @_advance_seeds.register_fake

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .formats import PerBlock, PerChannel, QuantSpec, UnsupportedFormatError
+from .formats import PerBlock, PerChannel, QuantSpec, Rounding, UnsupportedFormatError
 
 __all__ = ["GemmPrecision", "LayerPrecision"]
 
@@ -60,6 +60,12 @@ class LayerPrecision:
     def max_bits(self) -> int:
         gemms = (self.forward, self.grad_input, self.grad_weight)
         return max(max(g.lhs.bits, g.rhs.bits) for g in gemms if g.integer) if any(g.integer for g in gemms) else 32
+
+    @property
+    def uses_seeds(self) -> bool:
+        """Whether any integer GEMM operand of this layer rounds stochastically (only then do seeds matter)."""
+        return any(g.integer and Rounding.STOCHASTIC in (g.lhs.rounding, g.rhs.rounding)
+                   for g in (self.forward, self.grad_input, self.grad_weight))
 
     def describe(self) -> str:
         return f"fwd={self.forward}, dx={self.grad_input}, dW={self.grad_weight}"
