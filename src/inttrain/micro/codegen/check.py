@@ -86,6 +86,7 @@ class CheckResult:
     message: str                      # the first difference, or a summary of what matched
     sizes: dict                       # text/data/bss of the model objects (bytes), {} if ``size`` is missing
     m32: str                          # what -m32 did: "identical", "not available (...)", or a difference
+    changed: int = 0                  # master codes that differ from their initial values after the last step
 
 
 def find_cc() -> str | None:
@@ -149,10 +150,12 @@ def _first_diff(name: str, c: np.ndarray, m: np.ndarray) -> str:
 
 
 def _compare(raw: bytes, model: Sequential, opt: SGD, x: np.ndarray, x_exp: int, y: np.ndarray,
-             idx: list[np.ndarray], evals: list[np.ndarray]) -> str | None:
-    """Run micro step by step against the C output; the first difference as text, or None."""
+             idx: list[np.ndarray], evals: list[np.ndarray], stats: dict) -> str | None:
+    """Run micro step by step against the C output; the first difference as text, or None. ``stats["changed"]``:
+    how many master codes training moved away from their initial values."""
     classes = model.desc["num_classes"]
     named = model.named_params()
+    stats["initial"] = [p.acc.copy() for _, p in named]
     pos = 0
 
     def take(dtype, count):
@@ -177,6 +180,7 @@ def _compare(raw: bytes, model: Sequential, opt: SGD, x: np.ndarray, x_exp: int,
                 cw = take(p.acc.dtype, p.acc.size).reshape(p.acc.shape)
                 if not np.array_equal(cw, p.acc):
                     return f"step {step}: " + _first_diff(name, cw, p.acc)
+        stats["changed"] = sum(int((p.acc != p0).sum()) for (_, p), p0 in zip(named, stats["initial"]))
         for b in evals:
             pred = model.forward(IntTensor(x[b], x_exp)).q.argmax(axis=1)
             cp = take("i4", len(b))
@@ -200,7 +204,11 @@ def run_check(load_model, x: np.ndarray, x_exp: int, y: np.ndarray, steps: int, 
         raise ToolchainError("no C compiler (cc, gcc or clang) on PATH")
     if steps < 1:
         raise ValueError(f"--steps {steps}: must be >= 1")
-    gen: GeneratedModel = generate(load_model(), batch_size, lr_shift, momentum_shift, source)
+    first = load_model()
+    want = tuple(first.desc["input_shape"])
+    if tuple(x.shape[1:]) != want:
+        raise ValueError(f"data: x has sample shape {tuple(x.shape[1:])}, model wants {want}")
+    gen: GeneratedModel = generate(first, batch_size, lr_shift, momentum_shift, source)
     idx = batches(len(x), batch_size, steps, seed)
     n_eval = min(len(x), 4 * batch_size)
     evals = [np.arange(i, min(n_eval, i + batch_size)) for i in range(0, n_eval, batch_size)]
@@ -214,7 +222,7 @@ def run_check(load_model, x: np.ndarray, x_exp: int, y: np.ndarray, steps: int, 
             first = r.stderr.strip().splitlines()[0] if r.stderr.strip() else f"exit {r.returncode}"
             raise ToolchainError(f"{Path(cc).name} {' '.join(CFLAGS)} failed: {first}")
         sizes = object_sizes(cc, src)
-        results = {}
+        results, stats = {}, {"changed": 0}
         builds = [("native", src / "check")]
         m32 = _compile(cc, src, src / "check32", ["-m32"])
         builds += [("m32", src / "check32")] if m32.returncode == 0 else []
@@ -226,7 +234,7 @@ def run_check(load_model, x: np.ndarray, x_exp: int, y: np.ndarray, steps: int, 
                 continue
             model = load_model()
             opt = SGD(model.params(), lr_shift, momentum_shift, model.desc["rounding"]["update"])
-            results[tag] = _compare(out.read_bytes(), model, opt, x, x_exp, y, idx, evals)
+            results[tag] = _compare(out.read_bytes(), model, opt, x, x_exp, y, idx, evals, stats)
     if m32.returncode != 0:
         lines = m32.stderr.strip().splitlines()
         why = next((ln for ln in lines if "error" in ln), lines[0] if lines else f"exit {m32.returncode}")
@@ -241,4 +249,4 @@ def run_check(load_model, x: np.ndarray, x_exp: int, y: np.ndarray, steps: int, 
     msg = native or (f"C and micro identical: every logit and weight code after each of {steps} steps, "
                      f"{n_pred} predictions")
     return CheckResult(ok, msg, {**sizes, "buffers": gen.buffer_bytes, "params": gen.param_bytes,
-                                 "init": gen.init_bytes}, m32_text)
+                                 "init": gen.init_bytes}, m32_text, stats["changed"])
