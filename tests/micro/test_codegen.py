@@ -47,10 +47,12 @@ def _check(desc, steps=5, batch=8, lr=3, mom=None, x_exp=-7, data=None, **kw):
 
 
 @needs_cc
-@pytest.mark.parametrize("name,desc,mom", [("mlp", MLP, None), ("cnn", CNN, None), ("cnn_momentum", CNN, 2),
-                                           ("bn_residual", BN_RES, None), ("projection", PROJ, 2)])
-def test_codegen_bit_exact(name, desc, mom):
-    r = _check(desc, mom=mom)
+@pytest.mark.parametrize("name,desc,mom,low_ram", [
+    ("mlp", MLP, None, False), ("mlp_low_ram", MLP, None, True), ("cnn", CNN, None, False),
+    ("cnn_momentum_low_ram", CNN, 2, True), ("bn_residual", BN_RES, None, False),
+    ("bn_residual_low_ram", BN_RES, None, True), ("projection", PROJ, 2, False)])
+def test_codegen_bit_exact(name, desc, mom, low_ram):
+    r = _check(desc, mom=mom, low_ram=low_ram)
     assert r.ok, r.message
     assert r.message.startswith("C and micro identical") and r.changed > 0
     assert r.sizes["buffers"] > 0 and r.sizes["params"] > 0
@@ -93,6 +95,19 @@ def test_codegen_check_names_first_difference(monkeypatch, old, new, pattern):
     assert not r.ok and re.fullmatch(pattern, r.message), r.message
 
 
+def test_low_ram_drops_the_forward_accumulators():
+    """LeNet-5 at batch 8: the int32 accumulator of the first convolution (8 x 6 x 28 x 28) is the largest buffer;
+    --low-ram leaves only the backward's (the second convolution's input error, 8 x 6 x 14 x 14)."""
+    lenet = {"input_shape": [1, 28, 28], "layers": [
+        C(1, 6, k=5, p=2), R, {"type": "maxpool2d", "kernel_size": 2}, C(6, 16, k=5, p=0), R,
+        {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"}, {"type": "linear", "in_features": 400, "out_features": 10}]}
+    full = generate(Sequential.from_description(lenet), 8, 8)
+    low = generate(Sequential.from_description(lenet), 8, 8, low_ram=True)
+    assert "static int32_t it_acc[37632];" in full.files["model.c"]
+    assert "static int32_t it_acc[9408];" in low.files["model.c"]
+    assert full.buffer_bytes - low.buffer_bytes == 4 * (37632 - 9408)
+
+
 def test_generated_code_is_freestanding():
     """No float, no malloc or stdio; only <stdint.h> and <string.h>; buffers are static arrays."""
     files = generate(Sequential.from_description(BN_RES), 4, 5, 2).files
@@ -115,7 +130,9 @@ def test_cli_codegen_check(tmp_path, capsys):
     assert rc == 0, out
     assert "codegen-check: OK: C and micro identical: every logit and weight code after each of 8 steps, 16 predictions" in out
     ram = int(re.search(r"static RAM: (\d+) bytes", out).group(1))
-    assert ram == 424 + 2 * (16 * 12 + 12 * 5)                       # buffers + int16 master codes
+    # outputs 4x12 (the ReLU masks it in place) and 4x5, the loss error 4x5, one error slot 4x12 (the first
+    # layer needs no input error; the ReLU masks in place), the int32 scratch 4x12; int16 master codes
+    assert ram == (48 + 20 + 20 + 48 + 4 * 48) + 2 * (16 * 12 + 12 * 5)
     assert re.search(r"code size: \d+ bytes of code and constants \+ 504 bytes of initial codes", out)
     assert (tmp_path / "src" / "model.c").exists() and (tmp_path / "src" / "check_main.c").exists()
 

@@ -64,6 +64,8 @@ def _codegen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="largest batch; sizes the static buffers")
     p.add_argument("--lr-shift", type=int, default=6, help="learning rate 2**-LR_SHIFT (settable at run time)")
     p.add_argument("--momentum-shift", type=int, default=None, help="momentum beta = 1 - 2**-M (adds int32 buffers)")
+    p.add_argument("--low-ram", action="store_true",
+                   help="recompute forward dot products instead of buffering int32 accumulators (2x forward MACs)")
 
 
 def _train(args) -> None:
@@ -124,7 +126,8 @@ def _load_any(path: str):
 def _codegen(args) -> int:
     from .codegen import generate
 
-    gen = generate(_load_any(args.model), args.batch_size, args.lr_shift, args.momentum_shift, source=args.model)
+    gen = generate(_load_any(args.model), args.batch_size, args.lr_shift, args.momentum_shift, source=args.model,
+                   low_ram=args.low_ram)
     out = gen.write(args.out)
     print(f"codegen: wrote {', '.join(sorted(gen.files))} to {out}; static RAM {gen.buffer_bytes + gen.param_bytes} "
           f"bytes (buffers {gen.buffer_bytes}, master codes {gen.param_bytes}), initial codes {gen.init_bytes} bytes")
@@ -140,7 +143,7 @@ def _codegen_check(args) -> int:
     if len(x) == 0:
         raise ValueError(f"{args.data}: holds no samples; need at least one")
     r = run_check(lambda: _load_any(args.model), x, x_exp, y, args.steps, args.batch_size, args.lr_shift,
-                  args.momentum_shift, args.seed, args.keep, source=args.model)
+                  args.momentum_shift, args.seed, args.keep, source=args.model, low_ram=args.low_ram)
     z = r.sizes
     if "text" in z:
         print(f"code size: {z['text'] - z['init']} bytes of code and constants + {z['init']} bytes of initial codes "

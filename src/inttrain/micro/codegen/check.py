@@ -195,7 +195,7 @@ def _compare(raw: bytes, model: Sequential, opt: SGD, x: np.ndarray, x_exp: int,
 
 def run_check(load_model, x: np.ndarray, x_exp: int, y: np.ndarray, steps: int, batch_size: int, lr_shift: int,
               momentum_shift: int | None = None, seed: int = 0, work_dir: str | None = None,
-              cc: str | None = None, source: str = "") -> CheckResult:
+              cc: str | None = None, source: str = "", low_ram: bool = False) -> CheckResult:
     """Generate, compile and run the C for ``steps`` steps and compare with micro (``load_model()`` gives a
     fresh model each call: one is generated from, one trained in micro). Raises RuntimeError when no C
     compiler is found or compilation fails (ToolchainError), ValueError for bad arguments."""
@@ -208,7 +208,7 @@ def run_check(load_model, x: np.ndarray, x_exp: int, y: np.ndarray, steps: int, 
     want = tuple(first.desc["input_shape"])
     if tuple(x.shape[1:]) != want:
         raise ValueError(f"data: x has sample shape {tuple(x.shape[1:])}, model wants {want}")
-    gen: GeneratedModel = generate(first, batch_size, lr_shift, momentum_shift, source)
+    gen: GeneratedModel = generate(first, batch_size, lr_shift, momentum_shift, source, low_ram)
     idx = batches(len(x), batch_size, steps, seed)
     n_eval = min(len(x), 4 * batch_size)
     evals = [np.arange(i, min(n_eval, i + batch_size)) for i in range(0, n_eval, batch_size)]

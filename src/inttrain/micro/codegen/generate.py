@@ -4,8 +4,10 @@ docs/integer-training.md, with every buffer static and sized here, at generation
 The output directory holds the fixed runtime (``inttrain_rt.c/.h``, copied from this package: the C twin of
 micro's layers) and the generated model (``model_config.h``, ``model.h``, ``model.c``): static buffers, the
 initial master codes as const tables and one straight-line forward and backward that call the runtime with
-constant shapes. Buffer plan: each layer output and each layer's input error has its own int8 buffer (the
-backward needs every saved activation, and a residual needs its incoming error while both branches run); one
+constant shapes. Buffer plan: each layer output has its own int8 buffer (the
+backward needs every saved activation; a ReLU masks its producer's output in place when nothing else reads it);
+input errors share a pool of slots reused once consumed (a residual keeps its incoming error while both branches
+run; a ReLU masks an error it owns in place); one
 int32 scratch accumulator is shared by all GEMMs and requantizations; weight gradients are never stored (each
 is applied to its weight as soon as it is summed, after the layer's input error was formed with the old weight).
 """
@@ -67,8 +69,9 @@ def _numel(shape) -> int:
 
 
 class _Gen:
-    def __init__(self, model: Sequential, batch: int, lr_shift: int, momentum_shift: int | None):
+    def __init__(self, model: Sequential, batch: int, lr_shift: int, momentum_shift: int | None, low_ram: bool):
         self.model, self.batch, self.lr_shift, self.mshift = model, batch, lr_shift, momentum_shift
+        self.fwd_acc = "0" if low_ram else "it_acc"     # 0: the runtime recomputes instead of storing
         r = model.desc["rounding"]
         self.fmode, self.bmode, self.umode = MODES[r["forward"]], MODES[r["backward"]], MODES[r["update"]]
         self.bufs: list[tuple[str, str, int]] = []      # (ctype, name, count)
@@ -76,6 +79,8 @@ class _Gen:
         self.acc = 1
         self.fwd: list[str] = []
         self.bwd: list[str] = []
+        self.slots: list[int] = []                      # error-buffer pool: largest use of each slot
+        self.busy: set[int] = set()
         self.pnames = {id(p): (n, f"P{i}") for i, (n, p) in enumerate(model.named_params())}
 
     def buf(self, ctype: str, name: str, count: int) -> str:
@@ -91,6 +96,10 @@ class _Gen:
     def need_acc(self, count: int) -> None:
         self.acc = max(self.acc, count)
 
+    def need_gemm_acc(self, count: int) -> None:
+        if self.fwd_acc != "0":
+            self.need_acc(count)
+
     def param(self, p: Param) -> tuple[str, str, int]:
         """(codes array, momentum array or 0, exponent) of a parameter."""
         c = self.pnames[id(p)][1]
@@ -99,19 +108,27 @@ class _Gen:
     # ---- forward ------------------------------------------------------------------------------
     def forward(self, layers, inp: str, in_exp: str, shape: tuple, prefix: str) -> tuple[list[Node], str, str, tuple]:
         nodes = []
+        private = False                 # is ``inp`` read by this layer only (not the chain's input)?
         for i, layer in enumerate(layers):
             node = Node(layer, f"{prefix}{i}", inp, in_exp, tuple(shape))
-            self._fwd_node(node)
+            self._fwd_node(node, private)
             nodes.append(node)
+            private = private or not isinstance(layer, Flatten)
             inp, in_exp, shape = node.out, node.out_exp, node.out_shape
         return nodes, inp, in_exp, tuple(shape)
 
-    def _fwd_node(self, nd: Node) -> None:
+    def _fwd_node(self, nd: Node, private: bool) -> None:
         L, B, p = nd.layer, self.batch, nd.path
         nd.out_shape = tuple(L.out_shape(nd.in_shape))
         n_in, n_out = _numel(nd.in_shape), _numel(nd.out_shape)
         if isinstance(L, Flatten):
             nd.out, nd.out_exp = nd.inp, nd.in_exp
+            return
+        if isinstance(L, ReLU) and private:
+            # in place: no backward reads the producer's output (linear/conv/batchnorm/pools keep what they
+            # need elsewhere), and the masked codes are exactly what ReLU's own backward reads
+            nd.out, nd.out_exp = nd.inp, nd.in_exp
+            self.fwd.append(f"it_relu_fwd({nd.inp}, n * {n_in}u, {nd.inp});")
             return
         if isinstance(L, Residual):
             bn, bo, be, bs = self.forward(L.block, nd.inp, nd.in_exp, nd.in_shape, f"{p}_b")
@@ -125,17 +142,18 @@ class _Gen:
         y, ye, x, xe = nd.out, nd.out_exp, nd.inp, nd.in_exp
         if isinstance(L, Linear):
             w, _, e = self.param(L.weight)
-            self.need_acc(B * n_out)
+            self.need_gemm_acc(B * n_out)
             self.fwd.append(f"{ye} = it_linear_fwd({x}, {xe}, {w}, {e} + IT_W8_EXP_OFFSET, n, {n_in}u, {n_out}u, "
-                            f"it_acc, {y}, {self.fmode});")
+                            f"{self.fwd_acc}, {y}, {self.fmode});")
         elif isinstance(L, Conv2d):
             w, _, e = self.param(L.weight)
             c, h, wd = nd.in_shape
             o, oh, ow = nd.out_shape
             self.bufs.append(("", f"static const it_conv_t L{p}_cv = {{{c}u, {h}u, {wd}u, {o}u, {L.kernel_size}u, "
                                   f"{L.stride}u, {L.padding}u, {oh}u, {ow}u}};", 0))
-            self.need_acc(B * n_out)
-            self.fwd.append(f"{ye} = it_conv_fwd(&L{p}_cv, {x}, {xe}, {w}, {e} + IT_W8_EXP_OFFSET, n, it_acc, {y}, {self.fmode});")
+            self.need_gemm_acc(B * n_out)
+            self.fwd.append(f"{ye} = it_conv_fwd(&L{p}_cv, {x}, {xe}, {w}, {e} + IT_W8_EXP_OFFSET, n, {self.fwd_acc}, "
+                            f"{y}, {self.fmode});")
         elif isinstance(L, ReLU):
             self.fwd.append(f"it_relu_fwd({x}, n * {n_in}u, {y}); {ye} = {xe};")
         elif isinstance(L, MaxPool2d):
@@ -159,19 +177,47 @@ class _Gen:
             raise ValueError(f"codegen: layer {type(L).__name__} is not supported")
 
     # ---- backward -----------------------------------------------------------------------------
-    def backward(self, nodes: list[Node], g: str, ge: str, need_input: bool) -> tuple[str, str] | None:
+    # Error buffers come from a pool of slots (it_g0, it_g1, ...) sized to their largest use: a layer's input
+    # error takes a free slot, and its output error's slot is released once the layer has consumed it. The
+    # error a chain receives belongs to the caller (a residual still needs it for the shortcut and the add).
+    def alloc(self, count: int) -> str:
+        free = [i for i in range(len(self.slots)) if i not in self.busy]
+        fits = [i for i in free if self.slots[i] >= count]
+        if fits:
+            i = min(fits, key=lambda j: self.slots[j])
+        elif free:
+            i = max(free, key=lambda j: self.slots[j])
+            self.slots[i] = count
+        else:
+            i = len(self.slots)
+            self.slots.append(count)
+        self.busy.add(i)
+        return f"it_g{i}"
+
+    def release(self, name: str) -> None:
+        if name.startswith("it_g"):
+            self.busy.discard(int(name[4:]))
+
+    def backward(self, nodes: list[Node], g: str, ge: str, need_input: bool,
+                 owned: bool = False) -> tuple[str, str, bool] | None:
+        """Emit the chain's backward from output error (g, ge); returns (input error, exponent, owned) or None."""
         for i in range(len(nodes) - 1, -1, -1):
-            res = self._bwd_node(nodes[i], g, ge, need_input or i > 0)
+            res = self._bwd_node(nodes[i], g, ge, need_input or i > 0, owned)
             if res is None:
+                if owned:
+                    self.release(g)
                 return None
+            if res[0] != g:
+                if owned:
+                    self.release(g)
+                owned = True
             g, ge = res
-        return g, ge
+        return g, ge, owned
 
     def _gx(self, nd: Node) -> tuple[str, str]:
-        return (self.buf("int8_t", f"L{nd.path}_gx", self.batch * _numel(nd.in_shape)),
-                self.exp(f"L{nd.path}_gxe"))
+        return self.alloc(self.batch * _numel(nd.in_shape)), self.exp(f"L{nd.path}_gxe")
 
-    def _bwd_node(self, nd: Node, g: str, ge: str, need: bool) -> tuple[str, str] | None:
+    def _bwd_node(self, nd: Node, g: str, ge: str, need: bool, owned: bool) -> tuple[str, str] | None:
         """Emit one layer's backward (input error first, then the weight update); None: no input error."""
         L, p, x, xe, lr, ms = nd.layer, nd.path, nd.inp, nd.in_exp, "it_lr_shift", self.mshift or 0
         n_in, n_out = _numel(nd.in_shape), _numel(nd.out_shape)
@@ -179,11 +225,14 @@ class _Gen:
             return (g, ge) if need else None
         if isinstance(L, Residual):
             gb = self.backward(nd.children["block"], g, ge, need)
-            gs = self.backward(nd.children["shortcut"], g, ge, need) if nd.children["shortcut"] else (g, ge)
+            gs = self.backward(nd.children["shortcut"], g, ge, need) if nd.children["shortcut"] else (g, ge, False)
             if not need:
                 return None
             gx, gxe = self._gx(nd)
             self.bwd.append(f"{gxe} = it_add_aligned({gb[0]}, {gb[1]}, {gs[0]}, {gs[1]}, n * {n_in}u, it_acc, {gx}, {self.bmode});")
+            for name, _, own in (gb, gs):
+                if own:
+                    self.release(name)
             return gx, gxe
         if isinstance(L, (Linear, Conv2d)):
             w, mom, e = self.param(L.weight)
@@ -215,6 +264,9 @@ class _Gen:
             return (gx, gxe) if need else None
         if not need:
             return None
+        if isinstance(L, ReLU) and owned:               # the error is ours: mask it in place
+            self.bwd.append(f"it_relu_bwd({nd.out}, {g}, n * {n_in}u, {g});")
+            return g, ge
         gx, gxe = self._gx(nd)
         if isinstance(L, ReLU):
             self.bwd.append(f"it_relu_bwd({nd.out}, {g}, n * {n_in}u, {gx}); {gxe} = {ge};")
@@ -234,8 +286,11 @@ def _c_array(values: np.ndarray, per_line: int = 16) -> str:
 
 
 def generate(model: Sequential, batch_size: int, lr_shift: int, momentum_shift: int | None = None,
-             source: str = "") -> GeneratedModel:
+             source: str = "", low_ram: bool = False) -> GeneratedModel:
     """C99 sources training ``model`` at batches of up to ``batch_size`` samples (see the module docstring).
+
+    ``low_ram``: linear and conv forwards recompute each dot product in a second pass instead of holding their
+    int32 accumulators (the largest buffer of a convolutional net; twice the forward MACs). Same results.
 
     Raises ValueError for arguments the integer arithmetic does not allow (the same checks as ``train``).
     """
@@ -247,7 +302,7 @@ def generate(model: Sequential, batch_size: int, lr_shift: int, momentum_shift: 
         raise ValueError(f"--momentum-shift {momentum_shift}: must be in [1, 16]")
     model.check_batch(batch_size)
     d = model.desc
-    gen = _Gen(model, batch_size, lr_shift, momentum_shift)
+    gen = _Gen(model, batch_size, lr_shift, momentum_shift, low_ram)
     in_shape = tuple(d["input_shape"])
     nodes, out, out_exp, _ = gen.forward(model.layers, "it_x", "it_xe", in_shape, "")
     classes = d["num_classes"]
@@ -267,6 +322,7 @@ def generate(model: Sequential, batch_size: int, lr_shift: int, momentum_shift: 
         init.append(f"    memcpy(P{i}, P{i}_init, sizeof P{i});")
         if momentum_shift:
             init.append(f"    memset(P{i}_mom, 0, sizeof P{i}_mom);")
+    gen.bufs += [("int8_t", f"it_g{i}", c) for i, c in enumerate(gen.slots)]
     buffers = [f"static {t} {n}[{c}];" if t else n for t, n, c in gen.bufs]
     buffers.append(f"static int32_t it_acc[{gen.acc}];")
     buffer_bytes = sum(c * (1 if t in ("int8_t", "uint8_t") else 4) for t, _, c in gen.bufs if t) + 4 * gen.acc

@@ -102,20 +102,45 @@ void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, i
     *w = (it_wcode_t)IT_CLAMP(v, -IT_WMAX, IT_WMAX);
 }
 
+static int32_t linear_dot(const int8_t *xr, const it_wcode_t *wr, uint32_t in)
+{
+    uint32_t i;
+    int32_t sum = 0;
+    for (i = 0; i < in; i++)
+        sum += (int32_t)xr[i] * it_w8(wr[i]);
+    return sum;
+}
+
+/* requantize a GEMM output without storing it: pass 1 finds max |acc|, pass 2 recomputes each dot product */
+static int8_t requant_one(int32_t v, int32_t s, int mode)
+{
+    int64_t r = it_shift_round(v, s, mode);
+    return (int8_t)IT_CLAMP(r, -127, 127);
+}
+
 int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
                       uint32_t out, int32_t *acc, int8_t *y, int mode)
 {
-    uint32_t b, o, i;
+    uint32_t b, o;
+    uint64_t m = 0;
+    int32_t s;
+    if (acc) {
+        for (b = 0; b < n; b++)
+            for (o = 0; o < out; o++)
+                acc[b * out + o] = linear_dot(x + b * in, w + o * in, in);
+        return it_requant32(acc, n * out, y, xe + we8, mode);
+    }
     for (b = 0; b < n; b++)
         for (o = 0; o < out; o++) {
-            const int8_t *xr = x + b * in;
-            const it_wcode_t *wr = w + o * in;
-            int32_t sum = 0;
-            for (i = 0; i < in; i++)
-                sum += (int32_t)xr[i] * it_w8(wr[i]);
-            acc[b * out + o] = sum;
+            int32_t v = linear_dot(x + b * in, w + o * in, in);
+            uint64_t a = v < 0 ? (uint64_t)(-(int64_t)v) : (uint64_t)v;
+            m = a > m ? a : m;
         }
-    return it_requant32(acc, n * out, y, xe + we8, mode);
+    s = requant_shift(m);
+    for (b = 0; b < n; b++)
+        for (o = 0; o < out; o++)
+            y[b * out + o] = requant_one(linear_dot(x + b * in, w + o * in, in), s, mode);
+    return xe + we8 + s;
 }
 
 int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
@@ -157,33 +182,54 @@ static int32_t conv_src(uint32_t o, uint32_t i, uint32_t s, uint32_t p, uint32_t
     return (v < 0 || v >= (int32_t)len) ? -1 : v;
 }
 
+static int32_t conv_dot(const it_conv_t *cv, const int8_t *x, const it_wcode_t *w, uint32_t b, uint32_t o,
+                        uint32_t a, uint32_t d)
+{
+    uint32_t c, i, j, k = cv->k;
+    int32_t sum = 0;
+    for (c = 0; c < cv->c; c++) {
+        const int8_t *xp = x + (b * cv->c + c) * cv->h * cv->w;
+        const it_wcode_t *wp = w + (o * cv->c + c) * k * k;
+        for (i = 0; i < k; i++) {
+            int32_t hh = conv_src(a, i, cv->s, cv->p, cv->h);
+            if (hh < 0)
+                continue;
+            for (j = 0; j < k; j++) {
+                int32_t ww = conv_src(d, j, cv->s, cv->p, cv->w);
+                if (ww >= 0)
+                    sum += (int32_t)xp[hh * cv->w + ww] * it_w8(wp[i * k + j]);
+            }
+        }
+    }
+    return sum;
+}
+
 int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
                     int32_t *acc, int8_t *y, int mode)
 {
-    uint32_t b, o, a, d, c, i, j, k = cv->k;
-    int32_t *ap = acc;
-    for (b = 0; b < n; b++)
-        for (o = 0; o < cv->o; o++)
-            for (a = 0; a < cv->oh; a++)
-                for (d = 0; d < cv->ow; d++) {
-                    int32_t sum = 0;
-                    for (c = 0; c < cv->c; c++) {
-                        const int8_t *xp = x + (b * cv->c + c) * cv->h * cv->w;
-                        const it_wcode_t *wp = w + (o * cv->c + c) * k * k;
-                        for (i = 0; i < k; i++) {
-                            int32_t hh = conv_src(a, i, cv->s, cv->p, cv->h);
-                            if (hh < 0)
-                                continue;
-                            for (j = 0; j < k; j++) {
-                                int32_t ww = conv_src(d, j, cv->s, cv->p, cv->w);
-                                if (ww >= 0)
-                                    sum += (int32_t)xp[hh * cv->w + ww] * it_w8(wp[i * k + j]);
-                            }
-                        }
+    uint32_t b, o, a, d, at = 0, len = n * cv->o * cv->oh * cv->ow;
+    uint64_t m = 0;
+    int32_t s = 0, pass;
+    for (pass = 0; pass < (acc ? 1 : 2); pass++, at = 0) {    /* no acc: pass 0 max |A|, pass 1 recompute */
+        for (b = 0; b < n; b++)
+            for (o = 0; o < cv->o; o++)
+                for (a = 0; a < cv->oh; a++)
+                    for (d = 0; d < cv->ow; d++, at++) {
+                        int32_t v = conv_dot(cv, x, w, b, o, a, d);
+                        uint64_t av = v < 0 ? (uint64_t)(-(int64_t)v) : (uint64_t)v;
+                        if (acc)
+                            acc[at] = v;
+                        else if (pass == 0)
+                            m = av > m ? av : m;
+                        else
+                            y[at] = requant_one(v, s, mode);
                     }
-                    *ap++ = sum;
-                }
-    return it_requant32(acc, n * cv->o * cv->oh * cv->ow, y, xe + we8, mode);
+        if (!acc && pass == 0)
+            s = requant_shift(m);
+    }
+    if (acc)
+        return it_requant32(acc, len, y, xe + we8, mode);
+    return xe + we8 + s;
 }
 
 int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8,

@@ -51,7 +51,8 @@ int32_t it_requant32(const int32_t *acc, uint32_t n, int8_t *out, int32_t exp, i
  * mom: the int32 momentum entry or NULL, mshift its shift */
 void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, int32_t mshift);
 
-/* Linear (§4): x (n, in), W (out, in) -> y (n, out); returns y's exponent */
+/* Linear (§4): x (n, in), W (out, in) -> y (n, out); returns y's exponent. The forwards take acc == NULL to
+ * recompute each dot product in a second pass instead of holding the int32 accumulators (less RAM, 2x MACs). */
 int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
                       uint32_t out, int32_t *acc, int8_t *y, int mode);
 int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
