@@ -169,3 +169,21 @@ def test_cli_codegen_check_refuses_bad_data(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
     assert err.startswith("error: data: x has sample shape (15,), model wants (16,)")
+
+
+@needs_cc
+def test_docs_firmware_example_compiles_and_runs(tmp_path):
+    """The C example of docs/codegen.md, built with the check's flags against a generated 8-input model."""
+    import subprocess
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "codegen.md").read_text()
+    example = re.search(r"```c\n(.*?)```", doc, re.S).group(1)
+    desc = {"input_shape": [8], "layers": [{"type": "linear", "in_features": 8, "out_features": 6}, R,
+                                           {"type": "linear", "in_features": 6, "out_features": 2}]}
+    generate(Sequential.from_description(desc), 4, 4).write(tmp_path)
+    (tmp_path / "main.c").write_text(example)
+    exe = tmp_path / "fw"
+    subprocess.run([find_cc(), *check_mod.CFLAGS, "-o", str(exe), *(str(tmp_path / f) for f in
+                                                                     ("main.c", "model.c", "inttrain_rt.c"))], check=True)
+    assert subprocess.run([str(exe)]).returncode == 0

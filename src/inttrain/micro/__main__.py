@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+import shlex
 import sys
 import time
 
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--steps", type=int, required=True, help="training steps to run in C and in micro")
     c.add_argument("--seed", type=int, default=0, help="data shuffling seed (the order train uses)")
     c.add_argument("--keep", default=None, help="write the generated sources and the harness here")
+    c.add_argument("--cc", default=None, help="C compiler (default: cc, gcc or clang on PATH), e.g. a cross compiler")
+    c.add_argument("--cflags", default="", help="extra compiler flags, e.g. '-static' for a cross build")
+    c.add_argument("--runner", default="", help="command that runs the compiled program, e.g. 'qemu-aarch64'")
     _codegen_args(c)
     return p
 
@@ -135,6 +139,8 @@ def _codegen(args) -> int:
 
 
 def _codegen_check(args) -> int:
+    from pathlib import Path
+
     from .codegen import run_check
     from .model import load_data
 
@@ -143,11 +149,12 @@ def _codegen_check(args) -> int:
     if len(x) == 0:
         raise ValueError(f"{args.data}: holds no samples; need at least one")
     r = run_check(lambda: _load_any(args.model), x, x_exp, y, args.steps, args.batch_size, args.lr_shift,
-                  args.momentum_shift, args.seed, args.keep, source=args.model, low_ram=args.low_ram)
+                  args.momentum_shift, args.seed, args.keep, cc=args.cc, source=args.model, low_ram=args.low_ram,
+                  cflags=shlex.split(args.cflags), runner=shlex.split(args.runner))
     z = r.sizes
     if "text" in z:
         print(f"code size: {z['text'] - z['init']} bytes of code and constants + {z['init']} bytes of initial codes "
-              f"(.text {z['text']}, .data {z['data']}, .bss {z['bss']}; host objects, -O2)")
+              f"(.text {z['text']}, .data {z['data']}, .bss {z['bss']}; objects of {Path(r.cc).name} -O2)")
     print(f"static RAM: {z['buffers'] + z['params']} bytes (buffers {z['buffers']}, master codes {z['params']})")
     print(f"-m32: {r.m32}")
     if not r.ok:

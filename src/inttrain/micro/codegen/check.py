@@ -87,6 +87,7 @@ class CheckResult:
     sizes: dict                       # text/data/bss of the model objects (bytes), {} if ``size`` is missing
     m32: str                          # what -m32 did: "identical", "not available (...)", or a difference
     changed: int = 0                  # master codes that differ from their initial values after the last step
+    cc: str = ""                      # the compiler used
 
 
 def find_cc() -> str | None:
@@ -115,7 +116,9 @@ def _compile(cc: str, src: Path, exe: Path, extra: list[str]) -> subprocess.Comp
 
 def object_sizes(cc: str, src: Path, extra: list[str] | None = None) -> dict:
     """Berkeley ``size`` of the model's objects: text (code + const tables), data, bss; {} when unavailable."""
-    size = shutil.which("size")
+    name = Path(cc).name
+    cross = name[:-3] + "size" if name.endswith("-gcc") else None    # aarch64-linux-gnu-gcc -> aarch64-linux-gnu-size
+    size = (cross and shutil.which(cross)) or shutil.which("size")
     objs = []
     for f in SOURCES:
         obj = src / (f[:-2] + ".o")
@@ -193,60 +196,67 @@ def _compare(raw: bytes, model: Sequential, opt: SGD, x: np.ndarray, x_exp: int,
     return None
 
 
+def _first_error(stderr: str, fallback: str) -> str:
+    lines = stderr.strip().splitlines()
+    return next((ln for ln in lines if "error" in ln), lines[0] if lines else fallback).strip()
+
+
 def run_check(load_model, x: np.ndarray, x_exp: int, y: np.ndarray, steps: int, batch_size: int, lr_shift: int,
               momentum_shift: int | None = None, seed: int = 0, work_dir: str | None = None,
-              cc: str | None = None, source: str = "", low_ram: bool = False) -> CheckResult:
+              cc: str | None = None, source: str = "", low_ram: bool = False, cflags: list[str] | None = None,
+              runner: list[str] | None = None) -> CheckResult:
     """Generate, compile and run the C for ``steps`` steps and compare with micro (``load_model()`` gives a
-    fresh model each call: one is generated from, one trained in micro). Raises RuntimeError when no C
-    compiler is found or compilation fails (ToolchainError), ValueError for bad arguments."""
+    fresh model each call: one is generated from, one trained in micro). ``cc``/``cflags``/``runner``: a cross
+    compiler, its extra flags and the emulator that runs its programs (e.g. ``aarch64-linux-gnu-gcc``,
+    ``["-static"]``, ``["qemu-aarch64"]``); natively, a ``-m32`` build is tried too. Raises ToolchainError when
+    no C compiler is found or compilation fails, ValueError for bad arguments."""
     cc = cc or find_cc()
     if cc is None:
         raise ToolchainError("no C compiler (cc, gcc or clang) on PATH")
     if steps < 1:
         raise ValueError(f"--steps {steps}: must be >= 1")
-    first = load_model()
-    want = tuple(first.desc["input_shape"])
+    model0 = load_model()
+    want = tuple(model0.desc["input_shape"])
     if tuple(x.shape[1:]) != want:
         raise ValueError(f"data: x has sample shape {tuple(x.shape[1:])}, model wants {want}")
-    gen: GeneratedModel = generate(first, batch_size, lr_shift, momentum_shift, source, low_ram)
+    gen: GeneratedModel = generate(model0, batch_size, lr_shift, momentum_shift, source, low_ram)
     idx = batches(len(x), batch_size, steps, seed)
     n_eval = min(len(x), 4 * batch_size)
     evals = [np.arange(i, min(n_eval, i + batch_size)) for i in range(0, n_eval, batch_size)]
+    extra = list(cflags or [])
     with tempfile.TemporaryDirectory(prefix="inttrain-codegen-") as tmp:
         src = Path(work_dir) if work_dir else Path(tmp)
         gen.write(src)
         (src / "check_main.c").write_text(HARNESS)
         _write_input(src / "batches.bin", x, x_exp, y, idx, evals, lr_shift)
-        r = _compile(cc, src, src / "check", [])
+        r = _compile(cc, src, src / "check", extra)
         if r.returncode != 0:
-            first = r.stderr.strip().splitlines()[0] if r.stderr.strip() else f"exit {r.returncode}"
-            raise ToolchainError(f"{Path(cc).name} {' '.join(CFLAGS)} failed: {first}")
-        sizes = object_sizes(cc, src)
+            raise ToolchainError(f"{Path(cc).name} {' '.join(CFLAGS + extra)} failed: "
+                                 f"{_first_error(r.stderr, f'exit {r.returncode}')}")
+        sizes = object_sizes(cc, src, extra)
         results, stats = {}, {"changed": 0}
         builds = [("native", src / "check")]
-        m32 = _compile(cc, src, src / "check32", ["-m32"])
-        builds += [("m32", src / "check32")] if m32.returncode == 0 else []
+        m32 = None if runner else _compile(cc, src, src / "check32", [*extra, "-m32"])
+        if m32 is not None and m32.returncode == 0:
+            builds.append(("m32", src / "check32"))
         for tag, exe in builds:
             out = src / f"out_{tag}.bin"
-            run = subprocess.run([str(exe), str(src / "batches.bin"), str(out)], capture_output=True, text=True)
+            run = subprocess.run([*(runner or []), str(exe), str(src / "batches.bin"), str(out)], capture_output=True, text=True)
             if run.returncode != 0:
                 results[tag] = f"the C program ({tag}) exited with status {run.returncode}"
                 continue
             model = load_model()
             opt = SGD(model.params(), lr_shift, momentum_shift, model.desc["rounding"]["update"])
             results[tag] = _compare(out.read_bytes(), model, opt, x, x_exp, y, idx, evals, stats)
-    if m32.returncode != 0:
-        lines = m32.stderr.strip().splitlines()
-        why = next((ln for ln in lines if "error" in ln), lines[0] if lines else f"exit {m32.returncode}")
-        m32_text = f"not available ({why.strip()})"
+    if m32 is None:
+        m32_text = "not tried (cross build)"
+    elif m32.returncode != 0:
+        m32_text = f"not available ({_first_error(m32.stderr, f'exit {m32.returncode}')})"
     else:
         m32_text = "identical" if results["m32"] is None else results["m32"]
-    native = results["native"]
-    ok = native is None and (m32.returncode != 0 or results["m32"] is None)
-    n_pred = sum(len(b) for b in evals)
-    if native is None and not ok:
-        native = f"-m32 build: {results['m32']}"
-    msg = native or (f"C and micro identical: every logit and weight code after each of {steps} steps, "
-                     f"{n_pred} predictions")
-    return CheckResult(ok, msg, {**sizes, "buffers": gen.buffer_bytes, "params": gen.param_bytes,
-                                 "init": gen.init_bytes}, m32_text, stats["changed"])
+    native, m32_diff = results["native"], results.get("m32")
+    msg = native or (f"-m32 build: {m32_diff}" if m32_diff else
+                     f"C and micro identical: every logit and weight code after each of {steps} steps, "
+                     f"{sum(len(b) for b in evals)} predictions")
+    return CheckResult(native is None and m32_diff is None, msg, {**sizes, "buffers": gen.buffer_bytes,
+                       "params": gen.param_bytes, "init": gen.init_bytes}, m32_text, stats["changed"], cc)
