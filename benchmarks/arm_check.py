@@ -105,13 +105,23 @@ def c_checks(arch: str, d: Path, steps: int) -> list[str]:
 def debian_root(arch: str, cache: Path) -> Path:
     """An unpacked bookworm root with python3-numpy (first stage of debootstrap + dpkg-deb -x of every package)."""
     root = cache / f"bookworm-{arch}"
-    if (root / "usr/bin/python3").exists() and list(root.glob("usr/lib/python3/dist-packages/numpy")):
+    ready = root / ".inttrain-ready"
+    if ready.exists():
         return root
-    root.mkdir(parents=True, exist_ok=True)
+    if root.exists():                                    # an interrupted earlier build of ours: start over
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
     subprocess.run(["debootstrap", "--foreign", "--variant=minbase", f"--arch={arch}", "--include=python3-numpy",
                     "bookworm", str(root), "http://deb.debian.org/debian"], check=True, stdout=subprocess.DEVNULL)
     for deb in sorted((root / "var/cache/apt/archives").glob("*.deb")):
         subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    # what dpkg's configure step (update-alternatives) would link: libblas.so.3 / liblapack.so.3 from their dirs
+    for lib, sub in (("libblas.so.3", "blas"), ("liblapack.so.3", "lapack")):
+        for found in root.glob(f"usr/lib/*/{sub}/{lib}"):
+            link = found.parent.parent / lib
+            if not link.exists():
+                link.symlink_to(Path(sub) / lib)
+    ready.write_text("debootstrap --foreign + dpkg-deb -x\n")
     return root
 
 
