@@ -8,7 +8,8 @@ training in that C code.
 Memory: for an MNIST MLP (784-128-10) and a LeNet-5-sized CNN (conv5x5x6 pad 2, relu, maxpool 2, conv5x5x16,
 relu, maxpool 2, linear 400-120, relu, linear 120-84, relu, linear 84-10), int16 and int8 master weights, batch 1
 and 8, with and without ``--low-ram``: the generated model and runtime are compiled (host gcc, ``-Os``, the
-check's warning flags) and measured with ``size``: RAM = .data + .bss (every buffer is static: there is no heap
+check's warning flags; also for armhf, Thumb-2, when arm-linux-gnueabihf-gcc is installed) and measured with
+``size``: RAM = .data + .bss (every buffer is static: there is no heap
 and the stack holds a few scalars per call), flash = .text (code + const tables, including the initial weight
 codes) + .data. The ``buffers`` column is the generator's own count of activation/error/scratch bytes.
 
@@ -108,13 +109,17 @@ int main(int argc, char **argv)
 """
 
 
+ARM_CC = "arm-linux-gnueabihf-gcc"     # Thumb-2 (armv7-a) by default on Debian: the closest at hand to a Cortex-M
+
+
 def sizes(cc: str, d: Path) -> dict:
     objs = []
     for f in SOURCES:
-        obj = d / (f[:-2] + ".o")
+        obj = d / (f[:-2] + f".{Path(cc).name}.o")
         subprocess.run([cc, *CFLAGS[:-1], "-Os", "-c", "-o", str(obj), str(d / f)], check=True)
         objs.append(str(obj))
-    out = subprocess.run(["size", *objs], capture_output=True, text=True, check=True).stdout
+    size = shutil.which(cc[:-3] + "size") if cc.endswith("-gcc") else None
+    out = subprocess.run([size or "size", *objs], capture_output=True, text=True, check=True).stdout
     tot = dict.fromkeys(("text", "data", "bss"), 0)
     for line in out.splitlines()[1:]:
         for k, v in zip(("text", "data", "bss"), line.split()[:3]):
@@ -133,12 +138,16 @@ def memory_table(cc: str) -> list[dict]:
                     with tempfile.TemporaryDirectory() as tmp:
                         gen.write(tmp)
                         z = sizes(cc, Path(tmp))
+                        arm = sizes(ARM_CC, Path(tmp)) if shutil.which(ARM_CC) else None
                     rows.append({"model": name, "weight_bits": bits, "batch": batch, "low_ram": low,
                                  "ram": z["data"] + z["bss"], "flash": z["text"] + z["data"], "buffers": gen.buffer_bytes,
                                  "master_codes": gen.param_bytes, "initial_codes": gen.init_bytes, **z})
                     r = rows[-1]
+                    if arm:
+                        r.update(ram_armhf=arm["data"] + arm["bss"], flash_armhf=arm["text"] + arm["data"])
                     print(f"{name} int{bits} batch {batch} {'low-ram' if low else 'default'}: RAM {r['ram']} B, "
-                          f"flash {r['flash']} B", flush=True)
+                          f"flash {r['flash']} B" + (f"; armhf RAM {r['ram_armhf']} B, flash {r['flash_armhf']} B"
+                                                      if arm else ""), flush=True)
     return rows
 
 
@@ -207,11 +216,14 @@ def train_run(cc: str, name: str, x, y, epochs: int, batch: int, bits: int, low:
 
 
 def markdown(mem: list[dict], runs: list[dict]) -> str:
-    out = ["| model | weights | batch | mode | RAM (B) | of which master codes | buffers | flash (B) | of which initial codes |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    out = []
+    if mem:
+        out += ["| model | weights | batch | mode | RAM (B) | of which master codes | buffers | flash (B) | "
+                "of which initial codes | armhf Thumb-2 RAM (B) | armhf flash (B) |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in mem:
         out.append(f"| {r['model']} | int{r['weight_bits']} | {r['batch']} | {'--low-ram' if r['low_ram'] else 'default'} | "
-                   f"{r['ram']:,} | {r['master_codes']:,} | {r['buffers']:,} | {r['flash']:,} | {r['initial_codes']:,} |")
+                   f"{r['ram']:,} | {r['master_codes']:,} | {r['buffers']:,} | {r['flash']:,} | {r['initial_codes']:,} | "
+                   f"{r.get('ram_armhf', 0):,} | {r.get('flash_armhf', 0):,} |")
     if runs:
         out += ["", "| model | weights | batch | mode | epochs | 20-step codegen-check | C held-out acc | C ms/step | "
                     "micro held-out acc | micro ms/step | final weights C == micro |", "|---|---|---|---|---:|---|---:|---:|---:|---:|---|"]
@@ -229,13 +241,14 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--micro", action="store_true", help="also train in micro and compare the final weights")
     ap.add_argument("--models", default="mlp,lenet5")
+    ap.add_argument("--no-memory", action="store_true", help="skip the memory table")
     ap.add_argument("--out", default=None, help="directory for results.json and results.md")
     args = ap.parse_args()
     cc = find_cc()
     if cc is None or shutil.which("size") is None:
         print("error: needs a C compiler and binutils' size on PATH", file=sys.stderr)
         return 2
-    mem = memory_table(cc)
+    mem = [] if args.no_memory else memory_table(cc)
     runs = []
     if args.data:
         x, y = mnist(args.data)
@@ -247,8 +260,10 @@ def main() -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"memory": mem, "mnist": runs}, indent=1))
-        (out / "results.md").write_text(md + "\n")
+        for part, rows in (("memory", mem), ("mnist", runs)):    # a memory-only run keeps the MNIST results
+            if rows:
+                (out / f"{part}.json").write_text(json.dumps(rows, indent=1))
+                (out / f"{part}.md").write_text(markdown(*((rows, []) if part == "memory" else ([], rows))) + "\n")
     return 0
 
 

@@ -187,3 +187,27 @@ def test_docs_firmware_example_compiles_and_runs(tmp_path):
     subprocess.run([find_cc(), *check_mod.CFLAGS, "-o", str(exe), *(str(tmp_path / f) for f in
                                                                      ("main.c", "model.c", "inttrain_rt.c"))], check=True)
     assert subprocess.run([str(exe)]).returncode == 0
+
+
+@needs_cc
+def test_cli_codegen_check_from_saved_model(tmp_path, capsys):
+    """A saved (trained) model directory generates C that starts from its codes; a corrupted one is refused."""
+    from inttrain.micro import SGD, train_epoch
+    from inttrain.micro.model import save_model
+
+    x, y = _data((1, 8, 8), n=24)
+    model = Sequential.from_description(BN_RES)
+    train_epoch(model, SGD(model.params(), 3), x, -7, y, 8)
+    save_model(model, tmp_path / "run")
+    np.savez(tmp_path / "d.npz", x=x, x_exp=np.int64(-7), y=y)
+    rc = main(["codegen-check", str(tmp_path / "run"), str(tmp_path / "d.npz"), "--steps", "3", "--batch-size", "8",
+               "--lr-shift", "3", "--keep", str(tmp_path / "src")])
+    assert rc == 0 and "codegen-check: OK" in capsys.readouterr().out
+    w = model.named_params()[0][1].acc
+    assert ", ".join(str(int(v)) for v in w.reshape(-1)[:8]) in (tmp_path / "src" / "model.c").read_text()
+    doc = json.loads((tmp_path / "run" / "model.json").read_text())
+    doc["params"]["layers.0.weight"]["bits"] = 8
+    (tmp_path / "run" / "model.json").write_text(json.dumps(doc))
+    assert main(["codegen", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "layers.0.weight: bits 8 != weight_bits 16" in err
