@@ -110,29 +110,29 @@ def batches(n: int, batch_size: int, steps: int, seed: int) -> list[np.ndarray]:
 
 
 def _compile(cc: str, src: Path, exe: Path, extra: list[str]) -> subprocess.CompletedProcess:
-    cmd = [cc, *CFLAGS, *extra, "-o", str(exe), *[str(src / f) for f in [*SOURCES, "check_main.c"]]]
-    return subprocess.run(cmd, capture_output=True, text=True)
+    """Compile each source to ``<name>.<exe name>.o`` (the model's objects are measured by ``object_sizes``),
+    then link; the first failure is returned."""
+    objs = []
+    for f in [*SOURCES, "check_main.c"]:
+        obj = src / f"{f[:-2]}.{exe.name}.o"
+        r = subprocess.run([cc, *CFLAGS, *extra, "-c", "-o", str(obj), str(src / f)], capture_output=True, text=True)
+        if r.returncode != 0:
+            return r
+        objs.append(str(obj))
+    return subprocess.run([cc, *extra, "-o", str(exe), *objs], capture_output=True, text=True)
 
 
-def object_sizes(cc: str, src: Path, extra: list[str] | None = None) -> dict:
+def object_sizes(cc: str, objs: list[Path]) -> dict:
     """Berkeley ``size`` of the model's objects: text (code + const tables), data, bss; {} when unavailable."""
     name = Path(cc).name
     cross = name[:-3] + "size" if name.endswith("-gcc") else None    # aarch64-linux-gnu-gcc -> aarch64-linux-gnu-size
     size = (cross and shutil.which(cross)) or shutil.which("size")
-    objs = []
-    for f in SOURCES:
-        obj = src / (f[:-2] + ".o")
-        r = subprocess.run([cc, *CFLAGS, *(extra or []), "-c", "-o", str(obj), str(src / f)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise ToolchainError(f"{cc} failed on {f}: {r.stderr.strip().splitlines()[0] if r.stderr.strip() else r.returncode}")
-        objs.append(str(obj))
     if not size:
         return {}
-    r = subprocess.run([size, *objs], capture_output=True, text=True, check=True)
+    r = subprocess.run([size, *map(str, objs)], capture_output=True, text=True, check=True)
     tot = {"text": 0, "data": 0, "bss": 0}
     for line in r.stdout.splitlines()[1:]:
-        parts = line.split()
-        for key, v in zip(("text", "data", "bss"), parts[:3]):
+        for key, v in zip(("text", "data", "bss"), line.split()[:3]):
             tot[key] += int(v)
     return tot
 
@@ -233,7 +233,7 @@ def run_check(load_model, x: np.ndarray, x_exp: int, y: np.ndarray, steps: int, 
         if r.returncode != 0:
             raise ToolchainError(f"{Path(cc).name} {' '.join(CFLAGS + extra)} failed: "
                                  f"{_first_error(r.stderr, f'exit {r.returncode}')}")
-        sizes = object_sizes(cc, src, extra)
+        sizes = object_sizes(cc, [src / f"{f[:-2]}.check.o" for f in SOURCES])
         results, stats = {}, {"changed": 0}
         builds = [("native", src / "check")]
         m32 = None if runner else _compile(cc, src, src / "check32", [*extra, "-m32"])
