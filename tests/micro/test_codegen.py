@@ -211,3 +211,12 @@ def test_cli_codegen_check_from_saved_model(tmp_path, capsys):
     assert main(["codegen", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "layers.0.weight: bits 8 != weight_bits 16" in err
+
+
+def test_codegen_imports_no_torch():
+    """The generator is part of the device engine: importing it (and its CLI) must not pull in torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, inttrain.micro.codegen, inttrain.micro.__main__; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
