@@ -220,3 +220,53 @@ def test_codegen_imports_no_torch():
 
     code = "import sys, inttrain.micro.codegen, inttrain.micro.__main__; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _random_description(rng) -> dict:
+    """A small random network: linear or conv (kernel 1-3, stride 1-2, padding 0-1), optional batch norm and
+    residual, max or average pool (window 1-3), optional global pool; random rounding modes and weight bits."""
+    modes = ["rne", "pstoch", "floor"]
+    rounding = {k: str(rng.choice(modes)) for k in ("forward", "backward", "update")}
+    out = {"type": "linear", "in_features": 0, "out_features": int(rng.integers(2, 6))}
+    if rng.random() < 0.4:
+        d0, h = int(rng.integers(3, 20)), int(rng.integers(3, 12))
+        layers = [{"type": "linear", "in_features": d0, "out_features": h}, *([BN(h)] if rng.random() < 0.5 else []), R]
+        if rng.random() < 0.5:
+            layers.append({"type": "residual", "layers": [{"type": "linear", "in_features": h, "out_features": h}]})
+        shape, out["in_features"] = [d0], h
+    else:
+        c, hw, o = int(rng.integers(1, 3)), int(rng.integers(5, 11)), int(rng.integers(2, 5))
+        k, s, p = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(0, 2))
+        oh = (hw + 2 * p - k) // s + 1
+        layers = [C(c, o, k, s, p), *([BN(o)] if rng.random() < 0.5 else []), R]
+        if rng.random() < 0.5:
+            layers.append({"type": "residual", "layers": [C(o, o), R]})
+        pk = int(rng.integers(1, 4))
+        if oh >= pk:
+            layers.append({"type": str(rng.choice(["maxpool2d", "avgpool2d"])), "kernel_size": pk})
+            oh //= pk
+        if rng.random() < 0.3:
+            layers.append({"type": "globalavgpool2d"})
+            oh = 1
+        layers.append({"type": "flatten"})
+        shape, out["in_features"] = [c, hw, hw], o * oh * oh
+    return {"input_shape": shape, "weight_bits": int(rng.choice([8, 16])), "rounding": rounding, "layers": [*layers, out]}
+
+
+@needs_cc
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", range(40))
+def test_codegen_bit_exact_random_networks(trial):
+    """Random small networks, data (sometimes one repeated sample), exponents, batch sizes, learning rates
+    (2**0: saturating updates) and momentum, with and without --low-ram: C and micro identical."""
+    rng = np.random.default_rng(1000 + trial)
+    desc = _random_description(rng)
+    n, batch = int(rng.integers(3, 25)), int(rng.integers(1, 9))
+    x = rng.integers(-127, 128, size=(n, *desc["input_shape"])).astype(np.int8)
+    if rng.random() < 0.3:
+        x[:] = x[:1]
+    y = rng.integers(0, desc["layers"][-1]["out_features"], n)
+    mom = int(rng.integers(1, 5)) if rng.random() < 0.3 else None
+    r = _check(desc, steps=int(rng.integers(1, 8)), batch=batch, lr=int(rng.integers(0, 12)), mom=mom,
+               x_exp=int(rng.integers(-10, 4)), data=(x, y), low_ram=bool(rng.random() < 0.5))
+    assert r.ok, (r.message, desc)
