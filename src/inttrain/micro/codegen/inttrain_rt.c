@@ -124,10 +124,16 @@ int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t 
     uint32_t b, o;
     uint64_t m = 0;
     int32_t s;
-    if (acc) {
-        for (b = 0; b < n; b++)
-            for (o = 0; o < out; o++)
-                acc[b * out + o] = linear_dot(x + b * in, w + o * in, in);
+    if (acc) {                                   /* weight-stationary: one int8 view per weight, not per MAC */
+        uint32_t i;
+        memset(acc, 0, sizeof(int32_t) * n * out);
+        for (o = 0; o < out; o++)
+            for (i = 0; i < in; i++) {
+                int32_t wv = it_w8(w[o * in + i]);
+                if (wv)
+                    for (b = 0; b < n; b++)
+                        acc[b * out + o] += x[b * in + i] * wv;
+            }
         return it_requant32(acc, n * out, y, xe + we8, mode);
     }
     for (b = 0; b < n; b++)
@@ -148,15 +154,12 @@ int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, in
 {
     uint32_t b, o, i;
     memset(acc, 0, sizeof(int32_t) * n * in);
-    for (b = 0; b < n; b++)
-        for (o = 0; o < out; o++) {
-            int32_t gv = g[b * out + o];
-            const it_wcode_t *wr = w + o * in;
-            int32_t *ar = acc + b * in;
-            if (!gv)
-                continue;
-            for (i = 0; i < in; i++)
-                ar[i] += gv * it_w8(wr[i]);
+    for (o = 0; o < out; o++)
+        for (i = 0; i < in; i++) {
+            int32_t wv = it_w8(w[o * in + i]);
+            if (wv)
+                for (b = 0; b < n; b++)
+                    acc[b * in + i] += g[b * out + o] * wv;
         }
     return it_requant32(acc, n * in, gx, ge + we8, mode);
 }
@@ -204,62 +207,74 @@ static int32_t conv_dot(const it_conv_t *cv, const int8_t *x, const it_wcode_t *
     return sum;
 }
 
+/* Weight-stationary convolution sums, one int8 weight view per weight: forward (input_grad = 0) adds
+ * x[b, c, hh, ww] * w8[o, c, i, j] into acc[b, o, a, d]; input_grad = 1 adds g[b, o, a, d] * w8[o, c, i, j] into
+ * acc[b, c, hh, ww] (col2im), with hh = a*s + i - p, ww = d*s + j - p inside the image. acc is zeroed by the caller. */
+static void conv_scatter(const it_conv_t *cv, const int8_t *src, const it_wcode_t *w, uint32_t n, int32_t *acc,
+                         int input_grad)
+{
+    uint32_t b, o, c, i, j, a, d, k = cv->k, hw = cv->h * cv->w, ohw = cv->oh * cv->ow;
+    for (o = 0; o < cv->o; o++)
+        for (c = 0; c < cv->c; c++)
+            for (i = 0; i < k; i++)
+                for (j = 0; j < k; j++) {
+                    int32_t wv = it_w8(w[((o * cv->c + c) * k + i) * k + j]);
+                    if (!wv)
+                        continue;
+                    for (b = 0; b < n; b++) {
+                        uint32_t img = (b * cv->c + c) * hw, map = (b * cv->o + o) * ohw;
+                        for (a = 0; a < cv->oh; a++) {
+                            int32_t hh = conv_src(a, i, cv->s, cv->p, cv->h);
+                            if (hh < 0)
+                                continue;
+                            for (d = 0; d < cv->ow; d++) {
+                                int32_t ww = conv_src(d, j, cv->s, cv->p, cv->w);
+                                if (ww < 0)
+                                    continue;
+                                if (input_grad)
+                                    acc[img + (uint32_t)hh * cv->w + (uint32_t)ww] += src[map + a * cv->ow + d] * wv;
+                                else
+                                    acc[map + a * cv->ow + d] += src[img + (uint32_t)hh * cv->w + (uint32_t)ww] * wv;
+                            }
+                        }
+                    }
+                }
+}
+
 int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
                     int32_t *acc, int8_t *y, int mode)
 {
     uint32_t b, o, a, d, at = 0, len = n * cv->o * cv->oh * cv->ow;
     uint64_t m = 0;
     int32_t s = 0, pass;
-    for (pass = 0; pass < (acc ? 1 : 2); pass++, at = 0) {    /* no acc: pass 0 max |A|, pass 1 recompute */
+    if (acc) {
+        memset(acc, 0, sizeof(int32_t) * len);
+        conv_scatter(cv, x, w, n, acc, 0);
+        return it_requant32(acc, len, y, xe + we8, mode);
+    }
+    for (pass = 0; pass < 2; pass++, at = 0) {   /* no acc: pass 0 max |A|, pass 1 recompute */
         for (b = 0; b < n; b++)
             for (o = 0; o < cv->o; o++)
                 for (a = 0; a < cv->oh; a++)
                     for (d = 0; d < cv->ow; d++, at++) {
                         int32_t v = conv_dot(cv, x, w, b, o, a, d);
                         uint64_t av = v < 0 ? (uint64_t)(-(int64_t)v) : (uint64_t)v;
-                        if (acc)
-                            acc[at] = v;
-                        else if (pass == 0)
+                        if (pass == 0)
                             m = av > m ? av : m;
                         else
                             y[at] = requant_one(v, s, mode);
                     }
-        if (!acc && pass == 0)
+        if (pass == 0)
             s = requant_shift(m);
     }
-    if (acc)
-        return it_requant32(acc, len, y, xe + we8, mode);
     return xe + we8 + s;
 }
 
 int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8,
                           uint32_t n, int32_t *acc, int8_t *gx, int mode)
 {
-    uint32_t b, o, a, d, c, i, j, k = cv->k;
-    const int8_t *gp = g;
     memset(acc, 0, sizeof(int32_t) * n * cv->c * cv->h * cv->w);
-    for (b = 0; b < n; b++)
-        for (o = 0; o < cv->o; o++)
-            for (a = 0; a < cv->oh; a++)
-                for (d = 0; d < cv->ow; d++) {
-                    int32_t gv = *gp++;
-                    if (!gv)
-                        continue;
-                    for (c = 0; c < cv->c; c++) {      /* col2im: scatter-add back to the positions read */
-                        int32_t *xp = acc + (b * cv->c + c) * cv->h * cv->w;
-                        const it_wcode_t *wp = w + (o * cv->c + c) * k * k;
-                        for (i = 0; i < k; i++) {
-                            int32_t hh = conv_src(a, i, cv->s, cv->p, cv->h);
-                            if (hh < 0)
-                                continue;
-                            for (j = 0; j < k; j++) {
-                                int32_t ww = conv_src(d, j, cv->s, cv->p, cv->w);
-                                if (ww >= 0)
-                                    xp[hh * cv->w + ww] += gv * it_w8(wp[i * k + j]);
-                            }
-                        }
-                    }
-                }
+    conv_scatter(cv, g, w, n, acc, 1);
     return it_requant32(acc, n * cv->c * cv->h * cv->w, gx, ge + we8, mode);
 }
 
