@@ -2,6 +2,8 @@
 
 python -m inttrain.micro train MODEL.json DATA.npz --epochs 5 --batch-size 32 --lr-shift 6 --out DIR
 python -m inttrain.micro eval MODEL_DIR DATA.npz
+python -m inttrain.micro codegen MODEL --out DIR [--batch-size 32] [--lr-shift 6]
+python -m inttrain.micro codegen-check MODEL DATA.npz --steps N [--batch-size B] [--lr-shift S]
 
 Errors (bad files, bad arguments) print one line ``error: ...`` to stderr and exit with status 2.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+import shlex
 import sys
 import time
 
@@ -44,7 +47,29 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("model_dir")
     e.add_argument("data")
     e.add_argument("--batch-size", type=int, default=256)
+    g = sub.add_parser("codegen", help="generate C99 training code (no malloc, no float) for a model")
+    g.add_argument("model", help="MODEL.json (a layer description) or a saved model directory")
+    g.add_argument("--out", required=True, help="output directory for model.c/.h and the runtime")
+    _codegen_args(g)
+    c = sub.add_parser("codegen-check", help="compile the generated C and compare N training steps with micro")
+    c.add_argument("model", help="MODEL.json (a layer description) or a saved model directory")
+    c.add_argument("data", help="DATA.npz with x (int8 codes), x_exp (scale exponent), y (labels)")
+    c.add_argument("--steps", type=int, required=True, help="training steps to run in C and in micro")
+    c.add_argument("--seed", type=int, default=0, help="data shuffling seed (the order train uses)")
+    c.add_argument("--keep", default=None, help="write the generated sources and the harness here")
+    c.add_argument("--cc", default=None, help="C compiler (default: cc, gcc or clang on PATH), e.g. a cross compiler")
+    c.add_argument("--cflags", default="", help="extra compiler flags, e.g. '-static' for a cross build")
+    c.add_argument("--runner", default="", help="command that runs the compiled program, e.g. 'qemu-aarch64'")
+    _codegen_args(c)
     return p
+
+
+def _codegen_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-size", type=int, default=32, help="largest batch; sizes the static buffers")
+    p.add_argument("--lr-shift", type=int, default=6, help="learning rate 2**-LR_SHIFT (settable at run time)")
+    p.add_argument("--momentum-shift", type=int, default=None, help="momentum beta = 1 - 2**-M (adds int32 buffers)")
+    p.add_argument("--low-ram", action="store_true",
+                   help="recompute forward dot products instead of buffering int32 accumulators (2x forward MACs)")
 
 
 def _train(args) -> None:
@@ -92,14 +117,63 @@ def _eval(args) -> None:
     print(f"eval: {len(x)} samples accuracy {acc:.4f} time {time.perf_counter() - t0:.2f}s peak_mem {_peak_mib():.1f} MiB")
 
 
+def _load_any(path: str):
+    """A saved model directory or a layer description file -> Sequential."""
+    from pathlib import Path
+
+    from .io import read_json
+    from .model import Sequential, load_model
+
+    return load_model(path) if Path(path).is_dir() else Sequential.from_description(read_json(path))
+
+
+def _codegen(args) -> int:
+    from .codegen import generate
+
+    gen = generate(_load_any(args.model), args.batch_size, args.lr_shift, args.momentum_shift, source=args.model,
+                   low_ram=args.low_ram)
+    out = gen.write(args.out)
+    print(f"codegen: wrote {', '.join(sorted(gen.files))} to {out}; static RAM {gen.buffer_bytes + gen.param_bytes} "
+          f"bytes (buffers {gen.buffer_bytes}, master codes {gen.param_bytes}), initial codes {gen.init_bytes} bytes")
+    return 0
+
+
+def _codegen_check(args) -> int:
+    from pathlib import Path
+
+    from .codegen import run_check
+    from .model import load_data
+
+    model = _load_any(args.model)                     # validates before anything is generated
+    x, x_exp, y = load_data(args.data, model.desc["num_classes"])
+    if len(x) == 0:
+        raise ValueError(f"{args.data}: holds no samples; need at least one")
+    r = run_check(lambda: _load_any(args.model), x, x_exp, y, args.steps, args.batch_size, args.lr_shift,
+                  args.momentum_shift, args.seed, args.keep, cc=args.cc, source=args.model, low_ram=args.low_ram,
+                  cflags=shlex.split(args.cflags), runner=shlex.split(args.runner))
+    z = r.sizes
+    if "text" in z:
+        print(f"code size: {z['text'] - z['init']} bytes of code and constants + {z['init']} bytes of initial codes "
+              f"(.text {z['text']}, .data {z['data']}, .bss {z['bss']}; objects of {Path(r.cc).name} -O2)")
+    print(f"static RAM: {z['buffers'] + z['params']} bytes (buffers {z['buffers']}, master codes {z['params']})")
+    print(f"-m32: {r.m32}")
+    if not r.ok:
+        print(f"codegen-check: MISMATCH: {r.message}", file=sys.stderr)
+        return 1
+    print(f"codegen-check: OK: {r.message}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .codegen.check import ToolchainError
+
     args = build_parser().parse_args(argv)
+    cmds = {"train": _train, "eval": _eval, "codegen": _codegen, "codegen-check": _codegen_check}
     try:
-        (_train if args.cmd == "train" else _eval)(args)
-    except (MicroFormatError, ValueError, OSError) as e:
+        return cmds[args.cmd](args) or 0
+    except (MicroFormatError, ValueError, OSError, ToolchainError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,105 @@
+/* inttrain micro runtime: the integer arithmetic of docs/integer-training.md in C99.
+ * No malloc, no float, only <stdint.h> and <string.h>. Every buffer is the caller's (static in the
+ * generated model). Copied unchanged next to each generated model; the weight code type comes from
+ * model_config.h (IT_WEIGHT_BITS 8 or 16). */
+#ifndef INTTRAIN_RT_H
+#define INTTRAIN_RT_H
+
+#include <stdint.h>
+#include <string.h>
+#include "model_config.h"
+
+#if IT_WEIGHT_BITS == 16
+typedef int16_t it_wcode_t;
+#define IT_WMAX 32767
+#define IT_W8_EXP_OFFSET 8      /* the int8 view sat8(rne(W16 >> 8)) sits 8 exponent steps higher */
+#else
+typedef int8_t it_wcode_t;
+#define IT_WMAX 127
+#define IT_W8_EXP_OFFSET 0
+#endif
+
+enum { IT_RNE = 0, IT_PSTOCH = 1, IT_FLOOR = 2 };
+#define IT_I32_MAX 2147483647
+
+/* §2: x / 2**s rounded (s >= 0; s >= 63 gives 0). */
+int64_t it_shift_round(int64_t x, int32_t s, int mode);
+/* x * 2**k saturated to [-limit, limit] (k >= 0). */
+int64_t it_shift_left_sat(int64_t x, int32_t k, int64_t limit);
+/* multiply by 2**-s: rounding right shift for s >= 0, saturating (int32) left shift for s < 0. */
+int64_t it_shift(int64_t x, int32_t s, int mode);
+/* round(a / m), halves up, with floor division (m >= 1): (a + m / 2) // m. */
+int64_t it_rdiv(int64_t a, int64_t m);
+int32_t it_bitlen(uint64_t v);
+/* the int8 weight view of one master code (§1): sat8(shift_round(W16, 8, rne)), or the int8 code itself */
+static inline int8_t it_w8(it_wcode_t w)
+{
+#if IT_WEIGHT_BITS == 16
+    int32_t u = (int32_t)w + 32768;              /* 0..65535: plain shifts of a non-negative value */
+    int32_t q = (u >> 8) - 128, r = u & 255;
+    q += (r > 128) || (r == 128 && (q & 1));
+    return (int8_t)(q > 127 ? 127 : (q < -127 ? -127 : q));
+#else
+    return w;
+#endif
+}
+
+/* §2 requantization of n int32 accumulators at exponent exp into int8 codes; returns the new exponent */
+int32_t it_requant32(const int32_t *acc, uint32_t n, int8_t *out, int32_t exp, int mode);
+
+/* §7 integer SGD on one weight code, gradient grad at exponent grad_exp, step shift s = E + lr_shift - grad_exp;
+ * mom: the int32 momentum entry or NULL, mshift its shift */
+void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, int32_t mshift);
+
+/* Linear (§4): x (n, in), W (out, in) -> y (n, out); returns y's exponent. The forwards take acc == NULL to
+ * recompute each dot product in a second pass instead of holding the int32 accumulators (less RAM, 2x MACs). */
+int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
+                      uint32_t out, int32_t *acc, int8_t *y, int mode);
+int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
+                            uint32_t out, int32_t *acc, int8_t *gx, int mode);
+void it_linear_bwd_update(const int8_t *g, int32_t ge, const int8_t *x, int32_t xe, it_wcode_t *w, int32_t *mom,
+                          int32_t wexp, uint32_t n, uint32_t in, uint32_t out, int32_t lr_shift, int mode, int32_t mshift);
+
+/* Conv2d (§4): square kernel k, stride s, zero padding p; x (n, c, h, w) -> y (n, o, oh, ow) */
+typedef struct { uint32_t c, h, w, o, k, s, p, oh, ow; } it_conv_t;
+int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
+                    int32_t *acc, int8_t *y, int mode);
+int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8,
+                          uint32_t n, int32_t *acc, int8_t *gx, int mode);
+void it_conv_bwd_update(const it_conv_t *cv, const int8_t *g, int32_t ge, const int8_t *x, int32_t xe, it_wcode_t *w,
+                        int32_t *mom, int32_t wexp, uint32_t n, int32_t lr_shift, int mode, int32_t mshift);
+
+/* ReLU on codes */
+void it_relu_fwd(const int8_t *x, uint32_t len, int8_t *y);
+void it_relu_bwd(const int8_t *y, const int8_t *g, uint32_t len, int8_t *gx);
+
+/* Pools over planes (n*c planes of h x w), window kh x kw, stride = window, trailing rows/cols dropped */
+void it_maxpool_fwd(const int8_t *x, uint32_t planes, uint32_t h, uint32_t w, uint32_t k, int8_t *y, uint8_t *arg);
+void it_maxpool_bwd(const int8_t *g, const uint8_t *arg, uint32_t planes, uint32_t h, uint32_t w, uint32_t k,
+                    int8_t *gx);
+int32_t it_avgpool_fwd(const int8_t *x, int32_t xe, uint32_t planes, uint32_t h, uint32_t w, uint32_t kh, uint32_t kw,
+                       int32_t *acc, int8_t *y, int mode);
+int32_t it_avgpool_bwd(const int8_t *g, int32_t ge, uint32_t planes, uint32_t h, uint32_t w, uint32_t kh, uint32_t kw,
+                       int8_t *gx, int mode);
+
+/* §4.1 exponent-aligning add: a + b -> y (len codes); returns y's exponent */
+int32_t it_add_aligned(const int8_t *a, int32_t ea, const int8_t *b, int32_t eb, uint32_t len, int32_t *acc,
+                       int8_t *y, int mode);
+
+/* §4.2 integer range batch norm over n samples of c channels with hw values each */
+typedef struct { uint32_t c, hw; } it_bn_t;
+int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode_t *gamma, int32_t gexp,
+                  const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint8_t *k, uint8_t *live, int8_t *y, int mode);
+/* input error (when gx != NULL) and the update of gamma and beta; returns gx's exponent */
+int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, uint32_t n, const int8_t *xh,
+                  const uint8_t *k, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
+                  it_wcode_t *beta, int32_t *bmom, int32_t bexp, int32_t *acc, int8_t *gx, int32_t lr_shift,
+                  int bwd_mode, int upd_mode, int32_t mshift);
+
+/* §6 softmax cross-entropy error: logits (n, classes) at exponent e -> err (n, classes) at -7 */
+void it_softmax_xent_grad(const int8_t *logits, int32_t e, const int32_t *labels, uint32_t n, uint32_t classes,
+                          int8_t *err);
+/* index of the first largest code of each row */
+void it_argmax(const int8_t *logits, uint32_t n, uint32_t classes, int32_t *pred);
+
+#endif

@@ -1,0 +1,272 @@
+"""Generated C training code (inttrain.micro.codegen) against micro, bit for bit.
+
+Invariant: after every step of training in C and in micro on the same batches, every logit code and exponent
+and every master weight code is identical, and so are the predictions afterwards (``run_check``). Each model
+also has to move its weights (``changed > 0``), so identity is not the trivial identity of untrained codes.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from inttrain.micro import Sequential
+from inttrain.micro.__main__ import main
+from inttrain.micro.codegen import find_cc, generate, run_check
+from inttrain.micro.codegen import check as check_mod
+
+needs_cc = pytest.mark.skipif(find_cc() is None, reason="no C compiler (cc/gcc/clang) on PATH")
+
+C = lambda i, o, k=3, s=1, p=1: {"type": "conv2d", "in_channels": i, "out_channels": o, "kernel_size": k,  # noqa: E731
+                                 "stride": s, "padding": p}
+BN = lambda c: {"type": "batchnorm", "num_features": c}  # noqa: E731
+R = {"type": "relu"}
+MLP = {"input_shape": [16], "layers": [{"type": "linear", "in_features": 16, "out_features": 12}, R,
+                                       {"type": "linear", "in_features": 12, "out_features": 5}]}
+CNN = {"input_shape": [1, 12, 12], "layers": [             # max pool, a 3x3 (non-power-of-two) average pool, stride 2
+    C(1, 4), R, {"type": "maxpool2d", "kernel_size": 2}, {"type": "avgpool2d", "kernel_size": 3},
+    C(4, 6, s=2), R, {"type": "flatten"}, {"type": "linear", "in_features": 6, "out_features": 5}]}
+BN_RES = {"input_shape": [1, 8, 8], "layers": [
+    C(1, 8), BN(8), R, {"type": "residual", "layers": [C(8, 8), BN(8), R, C(8, 8)]}, R,
+    {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"}, {"type": "linear", "in_features": 128, "out_features": 5}]}
+PROJ = {"input_shape": [1, 9, 9], "layers": [              # residual first (no input error), projection shortcut, global pool
+    {"type": "residual", "layers": [C(1, 4), R], "shortcut": [C(1, 4, k=1, p=0)]}, C(4, 4), R,
+    {"type": "residual", "layers": [C(4, 8, s=2), BN(8)], "shortcut": [C(4, 8, k=1, s=2, p=0)]}, R,
+    {"type": "globalavgpool2d"}, {"type": "flatten"}, {"type": "linear", "in_features": 8, "out_features": 5}]}
+
+
+def _data(shape, n=30, classes=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(-127, 128, size=(n, *shape)).astype(np.int8), rng.integers(0, classes, n)
+
+
+def _check(desc, steps=5, batch=8, lr=3, mom=None, x_exp=-7, data=None, **kw):
+    x, y = data if data is not None else _data(desc["input_shape"])
+    return run_check(lambda: Sequential.from_description(desc), x, x_exp, y, steps, batch, lr, mom, **kw)
+
+
+@needs_cc
+@pytest.mark.parametrize("name,desc,mom,low_ram", [
+    ("mlp", MLP, None, False), ("mlp_low_ram", MLP, None, True), ("cnn", CNN, None, False),
+    ("cnn_momentum_low_ram", CNN, 2, True), ("bn_residual", BN_RES, None, False),
+    ("bn_residual_low_ram", BN_RES, None, True), ("projection", PROJ, 2, False)])
+def test_codegen_bit_exact(name, desc, mom, low_ram):
+    r = _check(desc, mom=mom, low_ram=low_ram)
+    assert r.ok, r.message
+    assert r.message.startswith("C and micro identical") and r.changed > 0
+    assert r.sizes["buffers"] > 0 and r.sizes["params"] > 0
+
+
+@needs_cc
+def test_codegen_other_roundings_int8_weights_constant_channel():
+    """pstoch forward / floor backward / rne update, 8-bit weights, a BN as the first layer (no input error), a
+    constant input channel (range 0), a flatten-then-BN over 108 features, batch 3 with a shorter last batch."""
+    desc = {"input_shape": [2, 6, 6], "weight_bits": 8,
+            "rounding": {"forward": "pstoch", "backward": "floor", "update": "rne"},
+            "layers": [BN(2), C(2, 3), R, {"type": "flatten"}, BN(108),
+                       {"type": "linear", "in_features": 108, "out_features": 4}]}
+    x, y = _data((2, 6, 6), n=20, classes=4, seed=1)
+    x[:, 1] = 5
+    r = _check(desc, steps=7, batch=3, lr=2, x_exp=-3, data=(x, y))
+    assert r.ok, r.message
+    assert r.changed > 0
+
+
+@needs_cc
+@pytest.mark.parametrize("old,new,pattern", [
+    ("int64_t u = it_shift(grad, s, mode), v;", "int64_t u = it_shift(grad, s, mode == IT_PSTOCH ? IT_FLOOR : mode), v;",
+     r"step 1: layers\.\d\.weight differs first at index \(\d+, \d+\): C -?\d+, micro -?\d+"),
+    ("s = requant_shift(m);\n    for (i = 0; i < n; i++) {", "s = requant_shift(m) + 1;\n    for (i = 0; i < n; i++) {",
+     r"step 1: logits exponent differs: C -?\d+, micro -?\d+"),
+])
+def test_codegen_check_names_first_difference(monkeypatch, old, new, pattern):
+    """A runtime that rounds the update differently, or requantizes one bit too far, is caught at step 1."""
+    real = check_mod.generate
+
+    def tampered(*a, **kw):
+        gen = real(*a, **kw)
+        assert old in gen.files["inttrain_rt.c"]
+        gen.files["inttrain_rt.c"] = gen.files["inttrain_rt.c"].replace(old, new)
+        return gen
+
+    monkeypatch.setattr(check_mod, "generate", tampered)
+    r = _check(MLP, lr=2)
+    assert not r.ok and re.fullmatch(pattern, r.message), r.message
+
+
+def test_low_ram_drops_the_forward_accumulators():
+    """LeNet-5 at batch 8: the int32 accumulator of the first convolution (8 x 6 x 28 x 28) is the largest buffer;
+    --low-ram leaves only the backward's (the second convolution's input error, 8 x 6 x 14 x 14)."""
+    lenet = {"input_shape": [1, 28, 28], "layers": [
+        C(1, 6, k=5, p=2), R, {"type": "maxpool2d", "kernel_size": 2}, C(6, 16, k=5, p=0), R,
+        {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"}, {"type": "linear", "in_features": 400, "out_features": 10}]}
+    full = generate(Sequential.from_description(lenet), 8, 8)
+    low = generate(Sequential.from_description(lenet), 8, 8, low_ram=True)
+    assert "static int32_t it_acc[37632];" in full.files["model.c"]
+    assert "static int32_t it_acc[9408];" in low.files["model.c"]
+    assert full.buffer_bytes - low.buffer_bytes == 4 * (37632 - 9408)
+
+
+def test_generated_code_is_freestanding():
+    """No float, no malloc or stdio; only <stdint.h> and <string.h>; buffers are static arrays."""
+    files = generate(Sequential.from_description(BN_RES), 4, 5, 2).files
+    for name in ("model.c", "model.h", "inttrain_rt.c", "inttrain_rt.h", "model_config.h"):
+        text = re.sub(r"/\*.*?\*/", "", files[name], flags=re.S)
+        assert not re.search(r"\b(float|double|malloc|calloc|free|printf|FILE)\b", text), name
+        assert set(re.findall(r"#include\s*<([^>]+)>", text)) <= {"stdint.h", "string.h"}, name
+    assert "static int8_t L0_y[2048];" in files["model.c"]          # 4 samples x 8 x 8 x 8 codes, sized here
+    assert '{"layers.3.block.0.weight", P3, 576u, ' in files["model.c"]
+
+
+@needs_cc
+def test_cli_codegen_check(tmp_path, capsys):
+    x, y = _data((16,), n=50)
+    np.savez(tmp_path / "d.npz", x=x, x_exp=np.int64(-7), y=y)
+    (tmp_path / "m.json").write_text(json.dumps(MLP))
+    rc = main(["codegen-check", str(tmp_path / "m.json"), str(tmp_path / "d.npz"), "--steps", "8", "--batch-size", "4",
+               "--lr-shift", "3", "--keep", str(tmp_path / "src")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "codegen-check: OK: C and micro identical: every logit and weight code after each of 8 steps, 16 predictions" in out
+    ram = int(re.search(r"static RAM: (\d+) bytes", out).group(1))
+    # outputs 4x12 (the ReLU masks it in place) and 4x5, the loss error 4x5, one error slot 4x12 (the first
+    # layer needs no input error; the ReLU masks in place), the int32 scratch 4x12; int16 master codes
+    assert ram == (48 + 20 + 20 + 48 + 4 * 48) + 2 * (16 * 12 + 12 * 5)
+    assert re.search(r"code size: \d+ bytes of code and constants \+ 504 bytes of initial codes", out)
+    assert (tmp_path / "src" / "model.c").exists() and (tmp_path / "src" / "check_main.c").exists()
+
+
+def test_cli_codegen_writes_sources(tmp_path, capsys):
+    (tmp_path / "m.json").write_text(json.dumps(CNN))
+    assert main(["codegen", str(tmp_path / "m.json"), "--out", str(tmp_path / "out"), "--batch-size", "2"]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "inttrain_rt.c", "inttrain_rt.h", "model.c", "model.h", "model_config.h"]
+    assert "#define MODEL_BATCH 2 " in (tmp_path / "out" / "model.h").read_text()
+
+
+@pytest.mark.parametrize("desc,args,message", [
+    ({"input_shape": [16], "layers": [{"type": "dense", "units": 4}]}, [],
+     "error: model description: layer 0: unknown layer type 'dense'"),
+    ({"input_shape": [16], "layers": [{"type": "linear", "in_features": 8, "out_features": 4}]}, [],
+     "error: model description: layer 0: linear expects input (8,), gets (16,)"),
+    (MLP, ["--batch-size", "0"], "error: --batch-size 0: must be in [1, 65536]"),
+    (MLP, ["--lr-shift", "63"], "error: --lr-shift 63: must be in [0, 62]"),
+    (MLP, ["--momentum-shift", "17"], "error: --momentum-shift 17: must be in [1, 16]"),
+])
+def test_cli_codegen_refuses_bad_input(tmp_path, capsys, desc, args, message):
+    (tmp_path / "m.json").write_text(json.dumps(desc))
+    rc = main(["codegen", str(tmp_path / "m.json"), "--out", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == message + "\n"
+    assert not (tmp_path / "out").exists()                           # nothing half-written
+
+
+def test_cli_codegen_check_refuses_bad_data(tmp_path, capsys):
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 15), np.int8), x_exp=np.int64(-7), y=np.zeros(4, np.int64))
+    (tmp_path / "m.json").write_text(json.dumps(MLP))
+    rc = main(["codegen-check", str(tmp_path / "m.json"), str(tmp_path / "d.npz"), "--steps", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("error: data: x has sample shape (15,), model wants (16,)")
+
+
+@needs_cc
+def test_docs_firmware_example_compiles_and_runs(tmp_path):
+    """The C example of docs/codegen.md, built with the check's flags against a generated 8-input model."""
+    import subprocess
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "codegen.md").read_text()
+    example = re.search(r"```c\n(.*?)```", doc, re.S).group(1)
+    desc = {"input_shape": [8], "layers": [{"type": "linear", "in_features": 8, "out_features": 6}, R,
+                                           {"type": "linear", "in_features": 6, "out_features": 2}]}
+    generate(Sequential.from_description(desc), 4, 4).write(tmp_path)
+    (tmp_path / "main.c").write_text(example)
+    exe = tmp_path / "fw"
+    subprocess.run([find_cc(), *check_mod.CFLAGS, "-o", str(exe), *(str(tmp_path / f) for f in
+                                                                     ("main.c", "model.c", "inttrain_rt.c"))], check=True)
+    assert subprocess.run([str(exe)]).returncode == 0
+
+
+@needs_cc
+def test_cli_codegen_check_from_saved_model(tmp_path, capsys):
+    """A saved (trained) model directory generates C that starts from its codes; a corrupted one is refused."""
+    from inttrain.micro import SGD, train_epoch
+    from inttrain.micro.model import save_model
+
+    x, y = _data((1, 8, 8), n=24)
+    model = Sequential.from_description(BN_RES)
+    train_epoch(model, SGD(model.params(), 3), x, -7, y, 8)
+    save_model(model, tmp_path / "run")
+    np.savez(tmp_path / "d.npz", x=x, x_exp=np.int64(-7), y=y)
+    rc = main(["codegen-check", str(tmp_path / "run"), str(tmp_path / "d.npz"), "--steps", "3", "--batch-size", "8",
+               "--lr-shift", "3", "--keep", str(tmp_path / "src")])
+    assert rc == 0 and "codegen-check: OK" in capsys.readouterr().out
+    w = model.named_params()[0][1].acc
+    assert ", ".join(str(int(v)) for v in w.reshape(-1)[:8]) in (tmp_path / "src" / "model.c").read_text()
+    doc = json.loads((tmp_path / "run" / "model.json").read_text())
+    doc["params"]["layers.0.weight"]["bits"] = 8
+    (tmp_path / "run" / "model.json").write_text(json.dumps(doc))
+    assert main(["codegen", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "layers.0.weight: bits 8 != weight_bits 16" in err
+
+
+def test_codegen_imports_no_torch():
+    """The generator is part of the device engine: importing it (and its CLI) must not pull in torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, inttrain.micro.codegen, inttrain.micro.__main__; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _random_description(rng) -> dict:
+    """A small random network: linear or conv (kernel 1-3, stride 1-2, padding 0-1), optional batch norm and
+    residual, max or average pool (window 1-3), optional global pool; random rounding modes and weight bits."""
+    modes = ["rne", "pstoch", "floor"]
+    rounding = {k: str(rng.choice(modes)) for k in ("forward", "backward", "update")}
+    out = {"type": "linear", "in_features": 0, "out_features": int(rng.integers(2, 6))}
+    if rng.random() < 0.4:
+        d0, h = int(rng.integers(3, 20)), int(rng.integers(3, 12))
+        layers = [{"type": "linear", "in_features": d0, "out_features": h}, *([BN(h)] if rng.random() < 0.5 else []), R]
+        if rng.random() < 0.5:
+            layers.append({"type": "residual", "layers": [{"type": "linear", "in_features": h, "out_features": h}]})
+        shape, out["in_features"] = [d0], h
+    else:
+        c, hw, o = int(rng.integers(1, 3)), int(rng.integers(5, 11)), int(rng.integers(2, 5))
+        k, s, p = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(0, 2))
+        oh = (hw + 2 * p - k) // s + 1
+        layers = [C(c, o, k, s, p), *([BN(o)] if rng.random() < 0.5 else []), R]
+        if rng.random() < 0.5:
+            layers.append({"type": "residual", "layers": [C(o, o), R]})
+        pk = int(rng.integers(1, 4))
+        if oh >= pk:
+            layers.append({"type": str(rng.choice(["maxpool2d", "avgpool2d"])), "kernel_size": pk})
+            oh //= pk
+        if rng.random() < 0.3:
+            layers.append({"type": "globalavgpool2d"})
+            oh = 1
+        layers.append({"type": "flatten"})
+        shape, out["in_features"] = [c, hw, hw], o * oh * oh
+    return {"input_shape": shape, "weight_bits": int(rng.choice([8, 16])), "rounding": rounding, "layers": [*layers, out]}
+
+
+@needs_cc
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", range(40))
+def test_codegen_bit_exact_random_networks(trial):
+    """Random small networks, data (sometimes one repeated sample), exponents, batch sizes, learning rates
+    (2**0: saturating updates) and momentum, with and without --low-ram: C and micro identical."""
+    rng = np.random.default_rng(1000 + trial)
+    desc = _random_description(rng)
+    n, batch = int(rng.integers(3, 25)), int(rng.integers(1, 9))
+    x = rng.integers(-127, 128, size=(n, *desc["input_shape"])).astype(np.int8)
+    if rng.random() < 0.3:
+        x[:] = x[:1]
+    y = rng.integers(0, desc["layers"][-1]["out_features"], n)
+    mom = int(rng.integers(1, 5)) if rng.random() < 0.3 else None
+    r = _check(desc, steps=int(rng.integers(1, 8)), batch=batch, lr=int(rng.integers(0, 12)), mom=mom,
+               x_exp=int(rng.integers(-10, 4)), data=(x, y), low_ram=bool(rng.random() < 0.5))
+    assert r.ok, (r.message, desc)
