@@ -3,7 +3,8 @@
 python -m inttrain.micro train MODEL.json DATA.npz --epochs 5 --batch-size 32 --lr-shift 6 --out DIR
 python -m inttrain.micro eval MODEL_DIR DATA.npz
 
-Errors (bad files, bad arguments) print one line ``error: ...`` to stderr and exit with status 2.
+Errors (bad files, bad arguments) print one line ``error: ...`` to stderr and exit with status 2;
+``--debug`` (anywhere on the line) adds the traceback.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import argparse
 import resource
 import sys
 import time
+import traceback
 
-from .errors import MicroFormatError
+from inttrain.spec.errors import InttrainError
 
 
 def _peak_mib() -> float:
@@ -50,12 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _train(args) -> None:
     from pathlib import Path
 
+    from .errors import MicroFormatError
     from .io import read_json
     from .model import Sequential, evaluate, load_data, load_model, save_model, train_epoch
     from .optim import SGD
 
     if args.epochs < 0 or args.batch_size < 1:
-        raise ValueError("--epochs must be >= 0 and --batch-size >= 1")
+        raise MicroFormatError(f"--epochs {args.epochs} / --batch-size {args.batch_size}: "
+                               "epochs must be >= 0 and the batch size >= 1")
     src = Path(args.model)
     model = load_model(src) if src.is_dir() else Sequential.from_description(read_json(src))
     n_cls = model.desc["num_classes"]
@@ -93,11 +97,16 @@ def _eval(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv                  # accepted anywhere on the line, like `inttrain --debug`
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
     try:
         (_train if args.cmd == "train" else _eval)(args)
-    except (MicroFormatError, ValueError, OSError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    except (InttrainError, ValueError, OSError, EOFError, MemoryError) as e:
+        if debug:
+            traceback.print_exc()
+        what = "out of memory: " if isinstance(e, MemoryError) else ""
+        print(f"error: {what}{' '.join(str(e).split())}", file=sys.stderr)
         return 2
     return 0
 

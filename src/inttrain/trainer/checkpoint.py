@@ -29,8 +29,7 @@ __all__ = ["CheckpointError", "checkpoint_paths", "save_checkpoint", "load_check
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, truncated, corrupt or inconsistent; the message names the file."""
+from inttrain.spec.errors import CheckpointError  # noqa: E402 - re-exported: the trainer's name for it
 
 
 def checkpoint_paths(folder: str | Path, name: str) -> tuple[Path, Path]:
