@@ -120,6 +120,32 @@ def model_overrides(cfg: RunConfig) -> dict[str, int]:
     return {k: v for k, v in dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads).items() if v is not None}
 
 
+def run_limits(cfg: RunConfig) -> Any:
+    from inttrain.data import Limits
+
+    return Limits.from_config(cfg.max_memory_gb, cfg.max_classes, cfg.max_image_side)
+
+
+def check_model_memory(cfg: RunConfig, splits: Any, limits: Any) -> None:
+    """LimitError if the model (built on ``meta``: no storage) and a batch would not fit ``limits``."""
+    from inttrain.models import build_model
+
+    from .estimate import estimate_training_memory
+
+    lm = splits.task == "lm"
+    shape = (splits.image_size,) if lm else (splits.in_channels, splits.image_size, splits.image_size)
+    try:
+        est = estimate_training_memory(
+            lambda: build_model(cfg.model, splits.num_classes, splits.in_channels, splits.image_size,
+                                **model_overrides(cfg)), shape, lm)
+    except ValueError:
+        return  # the real build below reports why the model does not fit the data
+    limits.check_bytes(
+        f"--model {cfg.model} --batch-size {cfg.batch_size}",
+        f"{est.params:,} parameters and {est.activations_per_example:,} activations per example "
+        f"(training, batch {cfg.batch_size})", est.bytes(cfg.batch_size))
+
+
 def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
     """Validate ``cfg``, load the data and build the prepared model (UsageProblem on any problem)."""
     import torch
@@ -131,10 +157,13 @@ def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
     recipe_config = validate_config(cfg)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    limits = run_limits(cfg)
     try:
-        splits = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_fraction, seed=cfg.seed, seq_len=cfg.seq_len)
+        splits = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_fraction, seed=cfg.seed, seq_len=cfg.seq_len,
+                              limits=limits)
     except DataError as e:
         raise UsageProblem(f"--dataset {cfg.dataset}", str(e)) from e
+    check_model_memory(cfg, splits, limits)
     shape = (
         f"vocabulary {splits.num_classes}, sequences of {splits.image_size}" if splits.task == "lm"
         else f"{splits.num_classes} classes, {splits.in_channels}x{splits.image_size}x{splits.image_size}"

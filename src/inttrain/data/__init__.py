@@ -18,6 +18,7 @@ from .cifar10 import CIFAR10_LAYOUT, load_cifar10_arrays
 from .digits import load_digits_arrays
 from .errors import DataError
 from .folder import load_folder_arrays
+from .limits import LimitError, Limits
 from .mnist import MNIST_LAYOUT, load_mnist_arrays
 from .npz import load_npz_arrays, resolve_npz_path
 from .splits import DatasetSplits, make_splits
@@ -25,18 +26,18 @@ from .synthetic import make_synthetic_arrays
 from .text import load_text_splits
 from .validate import ImageLayout, validate
 
-__all__ = ["DATASET_NAMES", "DataError", "DatasetSplits", "RawArrays", "load_dataset", "splits_from_arrays"]
+__all__ = ["DATASET_NAMES", "DataError", "LimitError", "Limits", "DatasetSplits", "RawArrays", "load_dataset", "splits_from_arrays"]
 
-# name -> (loader(data_dir, seed), pinned layout or None)
-_Loader = Callable[[str | Path | None, int], RawArrays]
+# name -> (loader(data_dir, seed, limits), pinned layout or None)
+_Loader = Callable[[str | Path | None, int, Limits], RawArrays]
 _LOADERS: dict[str, tuple[_Loader, ImageLayout | None]] = {
-    "digits": (lambda data_dir, seed: load_digits_arrays(), None),
-    "synthetic": (lambda data_dir, seed: make_synthetic_arrays(seed), None),
-    "npz": (lambda data_dir, seed: load_npz_arrays(resolve_npz_path(data_dir, "npz")), None),
-    "mnist": (lambda data_dir, seed: load_mnist_arrays(data_dir), MNIST_LAYOUT),
-    "fashion-mnist": (lambda data_dir, seed: load_mnist_arrays(data_dir, "fashion-mnist"), MNIST_LAYOUT),
-    "cifar10": (lambda data_dir, seed: load_cifar10_arrays(data_dir), CIFAR10_LAYOUT),
-    "folder": (lambda data_dir, seed: load_folder_arrays(data_dir), None),
+    "digits": (lambda data_dir, seed, limits: load_digits_arrays(), None),
+    "synthetic": (lambda data_dir, seed, limits: make_synthetic_arrays(seed), None),
+    "npz": (lambda data_dir, seed, limits: load_npz_arrays(resolve_npz_path(data_dir, "npz"), limits=limits), None),
+    "mnist": (lambda data_dir, seed, limits: load_mnist_arrays(data_dir, limits=limits), MNIST_LAYOUT),
+    "fashion-mnist": (lambda data_dir, seed, limits: load_mnist_arrays(data_dir, "fashion-mnist", limits), MNIST_LAYOUT),
+    "cifar10": (lambda data_dir, seed, limits: load_cifar10_arrays(data_dir, limits), CIFAR10_LAYOUT),
+    "folder": (lambda data_dir, seed, limits: load_folder_arrays(data_dir, limits), None),
 }
 
 #: Names accepted by :func:`load_dataset`.
@@ -47,10 +48,11 @@ DEFAULT_VAL_FRACTION = {"text": 0.1}
 
 
 def splits_from_arrays(
-    raw: RawArrays, name: str, val_fraction: float = 0.2, seed: int = 0, expect: ImageLayout | None = None
+    raw: RawArrays, name: str, val_fraction: float = 0.2, seed: int = 0, expect: ImageLayout | None = None,
+    limits: Limits | None = None,
 ) -> DatasetSplits:
     """Validate ``raw`` and split it; the path every loader goes through."""
-    num_classes, layout = validate(raw, expect)
+    num_classes, layout = validate(raw, expect, limits)
     return make_splits(raw, name, num_classes, layout, val_fraction, seed)
 
 
@@ -60,6 +62,7 @@ def load_dataset(
     val_fraction: float | None = None,
     seed: int = 0,
     seq_len: int = 64,
+    limits: Limits | None = None,
 ) -> DatasetSplits:
     """Load, validate and split dataset ``name``.
 
@@ -68,14 +71,16 @@ def load_dataset(
     synthetic data). If the source has a test split, it is the val set and
     ``val_fraction`` (default 0.2; text: 0.1 from the end of the file) is unused.
     ``seq_len`` is the text dataset's context length. Raises ValueError for an
-    unknown name and :class:`DataError` for bad data.
+    unknown name, :class:`DataError` for bad data and :class:`LimitError` for data
+    whose headers declare more than ``limits`` allow (judged before reading it).
     """
+    limits = limits or Limits()
     if val_fraction is None:
         val_fraction = DEFAULT_VAL_FRACTION.get(name, 0.2)
     if name == "text":  # token sequences, not images: its own validation and splitting
-        return load_text_splits(data_dir, seq_len, val_fraction)
+        return load_text_splits(data_dir, seq_len, val_fraction, limits)
     try:
         loader, expect = _LOADERS[name]
     except KeyError:
         raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}") from None
-    return splits_from_arrays(loader(data_dir, seed), name, val_fraction, seed, expect)
+    return splits_from_arrays(loader(data_dir, seed, limits), name, val_fraction, seed, expect, limits)

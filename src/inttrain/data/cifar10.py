@@ -18,6 +18,7 @@ import numpy as np
 from .arrays import RawArrays
 from .cifar10_py import find_py_batches, read_cifar_py
 from .errors import DataError
+from .limits import Limits
 from .npz import load_npz_arrays, resolve_npz_path
 
 __all__ = ["load_cifar10_arrays", "read_cifar_bin", "CIFAR10_LAYOUT"]
@@ -54,7 +55,7 @@ def _batches_folder(folder: Path) -> Path | None:
     return None
 
 
-def load_cifar10_arrays(data_dir: str | Path | None) -> RawArrays:
+def load_cifar10_arrays(data_dir: str | Path | None, limits: Limits | None = None) -> RawArrays:
     if data_dir is not None and Path(data_dir).is_dir():
         folder = _batches_folder(Path(data_dir))
         if folder is not None:
@@ -78,4 +79,4 @@ def load_cifar10_arrays(data_dir: str | Path | None) -> RawArrays:
                 f"{data_dir}: data_dir: no cifar10 data; expected cifar-10-batches-bin/data_batch_*.bin "
                 "(+ test_batch.bin), cifar-10-batches-py/data_batch_* (+ test_batch) or cifar10.npz"
             )
-    return load_npz_arrays(resolve_npz_path(data_dir, "cifar10"), num_classes=10)
+    return load_npz_arrays(resolve_npz_path(data_dir, "cifar10"), num_classes=10, limits=limits)
