@@ -174,11 +174,12 @@ def export_cmd(
     source: Annotated[Path, typer.Argument(metavar="CKPT_OR_RUN_DIR", help="Integer-only checkpoint (.safetensors + .state.pt), run folder, or model folder (model.json).")],
     out: Annotated[Path, typer.Option(help="Output folder for the micro engine: model.json + weights.safetensors.")],
     data: Annotated[Optional[Path], typer.Option(help="Optional DATA.npz (x int8, x_exp, y): check that micro and torch predict identically.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder (atomically).")] = False,
 ) -> None:
     """Export an integer-only model to the NumPy micro engine's files (python -m inttrain.micro eval OUT DATA.npz)."""
     from .export import run_export
 
-    run_export(source, out, data, echo=typer.echo)
+    run_export(source, out, data, echo=typer.echo, force=force)
 
 
 recipes_app = typer.Typer(help="List recipes, or show one's defaults.", invoke_without_command=True)

@@ -26,6 +26,9 @@ def resolve_checkpoint(path: Path) -> Path:
             if candidate.is_file():
                 return candidate
         raise UsageProblem("CHECKPOINT", f"{str(path)!r}: no checkpoints/best.safetensors or last.safetensors in this folder")
+    if path.is_file() and path.suffix != ".safetensors":
+        raise UsageProblem("CHECKPOINT", f"{str(path)!r}: not a checkpoint this command reads ({path.suffix or 'no suffix'}); "
+                                         "allowed: a run folder or the NAME.safetensors of a checkpoint pair (not its .state.pt)")
     if path.suffix != ".safetensors" or not path.is_file():
         raise UsageProblem("CHECKPOINT", f"{str(path)!r}: not found; expected a run folder or a .safetensors checkpoint")
     return path

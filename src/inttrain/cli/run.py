@@ -120,6 +120,19 @@ def model_overrides(cfg: RunConfig) -> dict[str, int]:
     return {k: v for k, v in dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads).items() if v is not None}
 
 
+def check_state_keys(state: dict, s_path: Path) -> None:
+    """A resumable state names its config and position; say which key is missing instead of a KeyError."""
+    from inttrain.trainer import CheckpointError
+
+    ts = state.get("train_state")
+    missing = [k for k in ("config", "train_state") if k not in state]
+    if not missing and isinstance(ts, dict):
+        missing = [f"train_state.{k}" for k in ("step", "epoch", "position") if not isinstance(ts.get(k), int)]
+    if missing or not isinstance(state.get("config"), dict) or not isinstance(ts, dict):
+        raise CheckpointError(f"{s_path}: missing or malformed {', '.join(missing) or 'config/train_state'}; allowed: "
+                              "a state file written by `inttrain train` (resume from another checkpoint or retrain)")
+
+
 def run_limits(cfg: RunConfig) -> Any:
     from inttrain.data import Limits
 
@@ -408,6 +421,19 @@ def _create_folder(out: Path, cfg: RunConfig) -> Any:
     return folder
 
 
+def _remove_if_no_checkpoint(out: Path) -> None:
+    """A run that failed before its first checkpoint leaves nothing that looks like a result.
+
+    ``check_out`` made sure ``out`` was new or empty, so everything in it is this command's.
+    """
+    import shutil
+
+    from inttrain.trainer.checkpoint import checkpoint_paths
+
+    if not any(checkpoint_paths(out / "checkpoints", n)[1].is_file() for n in ("last", "best")):
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def _elastic_restart(out: Path, cfg: RunConfig) -> str:
     """On a restarted attempt (TORCHELASTIC_RESTART_COUNT > 0): "resume" if ``out`` is this run's folder
     with ``checkpoints/last``, "restart" if it is this run's folder without one (start over in it), else "".
@@ -457,7 +483,11 @@ def start_run(cfg: RunConfig, out: Path | None) -> int:
         p = prepare_run(cfg)
         folder = _create_folder(out, cfg)
         typer.echo(f"run folder: {out}")
-        return run_training(p, folder)
+        try:
+            return run_training(p, folder)
+        except Exception:
+            _remove_if_no_checkpoint(out)
+            raise
 
     restart = _elastic_restart(out, cfg)
     if restart == "resume":  # a restarted rank (torchrun --max-restarts / --max-restarts): continue from last
@@ -502,6 +532,7 @@ def resume_run(run_dir: Path, epochs: int | None, max_steps: int | None, threads
         weights, state = load_checkpoint(w_path, s_path)
     except CheckpointError as e:
         raise UsageProblem("RUN_DIR", str(e)) from None
+    check_state_keys(state, s_path)
     saved = config_from_dict(dict(state.get("config", {})), f"{s_path} config")
     if "dclr" not in saved and "layer_hooks" not in state:
         saved["dclr"] = False  # written before the trainer applied DCLR: the run trained without it

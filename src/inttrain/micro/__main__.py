@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="data shuffling seed")
     t.add_argument("--val", default=None, help="optional validation DATA.npz evaluated after each epoch")
     t.add_argument("--out", required=True, help="output directory (model.json + weights.safetensors)")
+    t.add_argument("--force", action="store_true", help="replace an existing --out (atomically, after training)")
     e = sub.add_parser("eval", help="accuracy of a saved model on DATA.npz")
     e.add_argument("model_dir")
     e.add_argument("data")
@@ -60,6 +61,8 @@ def _train(args) -> None:
     if args.epochs < 0 or args.batch_size < 1:
         raise MicroFormatError(f"--epochs {args.epochs} / --batch-size {args.batch_size}: "
                                "epochs must be >= 0 and the batch size >= 1")
+    if Path(args.out).exists() and not args.force:     # judged before training, not after an hour of it
+        raise MicroFormatError(f"--out {args.out}: already exists; allowed: a new path, or --force to replace it")
     src = Path(args.model)
     model = load_model(src) if src.is_dir() else Sequential.from_description(read_json(src))
     n_cls = model.desc["num_classes"]

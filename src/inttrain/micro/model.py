@@ -291,18 +291,38 @@ def load_data(path: str | os.PathLike, num_classes: int | None = None) -> tuple[
 
 
 def save_model(model: Sequential, out_dir: str | os.PathLike, extra: dict | None = None) -> Path:
-    """OUT_DIR/model.json (description + parameter formats) and OUT_DIR/weights.safetensors."""
+    """OUT_DIR/model.json (description + parameter formats) and OUT_DIR/weights.safetensors.
+
+    The folder is written complete under a temporary name next to OUT_DIR, then renamed into place
+    (an existing OUT_DIR is moved aside first and removed after): a killed save leaves the old model
+    or the new one, never a mix. Leftover ``.OUT_DIR.tmp-*`` folders of killed saves are removed here.
+    """
+    import shutil
+    import tempfile
+
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    named = model.named_params()
-    write_safetensors(out / "weights.safetensors", {n: p.acc for n, p in named}, {"format": FORMAT})
-    doc = dict(model.desc)
-    doc["params"] = {n: {"bits": p.bits, "exp": p.exp, "shape": list(p.acc.shape)} for n, p in named}
-    if extra:
-        doc["info"] = extra
-    tmp = out / "model.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, out / "model.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        named = model.named_params()
+        write_safetensors(tmp / "weights.safetensors", {n: p.acc for n, p in named}, {"format": FORMAT})
+        doc = dict(model.desc)
+        doc["params"] = {n: {"bits": p.bits, "exp": p.exp, "shape": list(p.acc.shape)} for n, p in named}
+        if extra:
+            doc["info"] = extra
+        (tmp / "model.json").write_text(json.dumps(doc, indent=1))
+        old = None
+        if out.exists():
+            old = out.parent / f"{tmp.name}-old"
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
     return out
 
 

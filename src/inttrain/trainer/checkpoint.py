@@ -82,6 +82,9 @@ def save_checkpoint(folder: str | Path, name: str, weights: dict[str, Tensor], s
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     w_path, s_path = checkpoint_paths(folder, name)
+    for p in (w_path, s_path):  # temp files of a save that was killed: never read, removed here
+        for stale in folder.glob(f".{p.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
     # safetensors refuses shared / non-contiguous storage: give it private contiguous copies.
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}
     w_tmp = _atomic_write(w_path, lambda p: save_file(tensors, p))
