@@ -75,12 +75,12 @@ class RunConfig:
 
 
 #: Largest value each numeric key takes: far above real work, far below what exhausts memory or time.
-#: (Lower bounds and cross-field rules live in ``run.validate_config``, with their own messages.)
+#: (Lower bounds, bit widths and cross-field rules live in ``run.validate_config`` and the recipes, with their
+#: own messages.)
 UPPER: dict[str, float] = {
-    "bits": 32, "epochs": 10**6, "batch_size": 1 << 24, "lr": 1e6, "threads": 4096, "max_steps": 10**12,
+    "epochs": 10**6, "batch_size": 1 << 24, "lr": 1e6, "threads": 4096, "max_steps": 10**12,
     "log_every": 10**9, "max_consecutive_skips": 10**9, "val_fraction": 1.0, "seq_len": 1 << 20, "d_model": 1 << 16,
-    "n_layers": 1024, "n_heads": 1024, "schedule_min_bits": 32, "schedule_max_bits": 32, "schedule_cycles": 10**6,
-    "schedule_grad_bits": 32, "schedule_window": 10**9, "schedule_threshold": 1e6, "schedule_target_cost": 1e3,
+    "n_layers": 1024, "n_heads": 1024, "schedule_cycles": 10**6, "schedule_window": 10**9, "schedule_threshold": 1e6, "schedule_target_cost": 1e3,
     "schedule_cost_weight": 1e6, "nproc": 1024, "dist_timeout": 1e7, "max_restarts": 1000, "save_every": 10**12,
     "max_memory_gb": 1 << 20, "max_classes": 1 << 24, "max_image_side": 1 << 16, "seed": 2**63 - 1,
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -34,6 +35,33 @@ def resolve_checkpoint(path: Path) -> Path:
     return path
 
 
+def _other_data(cfg: RunConfig, trained: RunConfig, state: dict) -> Any:
+    """Splits whose validation set is the whole of the other data, standardised like the training data.
+
+    The statistics come from the checkpoint (runs since they are saved) or, for older runs, from the run's
+    own training data loaded again exactly as training did.
+    """
+    from inttrain.data import DataError, DatasetSplits, load_eval_dataset
+
+    from .run import prepare_run, run_limits
+
+    info = state.get("data")
+    if not isinstance(info, dict) or info.get("task") != "classification":
+        base = prepare_run(trained, echo=lambda s: None).splits
+        info = {"num_classes": base.num_classes, "in_channels": base.in_channels, "image_size": base.image_size,
+                "mean": list(base.mean), "std": list(base.std)}
+    try:
+        data, what = load_eval_dataset(cfg.dataset, cfg.data_dir, int(info["num_classes"]),
+                                       (int(info["in_channels"]), int(info["image_size"])),
+                                       tuple(info["mean"]), tuple(info["std"]), run_limits(cfg))
+    except DataError as e:
+        raise UsageProblem(f"--dataset {cfg.dataset}", str(e)) from e
+    return DatasetSplits(name=cfg.dataset, train=data, val=data, num_classes=int(info["num_classes"]),
+                         in_channels=int(info["in_channels"]), image_size=int(info["image_size"]),
+                         source=str(cfg.data_dir), val_source=f"{what}, with the run's training normalisation",
+                         mean=tuple(info["mean"]), std=tuple(info["std"]))
+
+
 def run_eval(path: Path, dataset: str | None, data_dir: Path | None, threads: int | None) -> float:
     import math
 
@@ -51,7 +79,10 @@ def run_eval(path: Path, dataset: str | None, data_dir: Path | None, threads: in
     if data_dir is not None or dataset is not None:
         overrides["data_dir"] = str(data_dir) if data_dir is not None else None
     cfg = dataclasses.replace(RunConfig(), **{**saved, **overrides, "max_steps": None})
-    p = prepare_run(cfg, echo=lambda s: None)
+    splits = None
+    if (dataset is not None or data_dir is not None) and cfg.dataset != "text":
+        splits = _other_data(cfg, dataclasses.replace(RunConfig(), **{**saved, "max_steps": None}), state)
+    p = prepare_run(cfg, echo=lambda s: None, splits=splits)
     try:
         p.model.load_state_dict(weights)
     except RuntimeError as e:
@@ -70,4 +101,6 @@ def run_eval(path: Path, dataset: str | None, data_dir: Path | None, threads: in
                    f"{p.splits.image_size} characters, {p.splits.val_source}; {weights_path})")
     else:
         typer.echo(f"val_acc {acc:.4f} ({len(p.splits.val)} images of {cfg.dataset}, {p.splits.val_source}; {weights_path})")
+        if splits is not None:
+            typer.echo(f"scored {len(p.splits.val)} examples")
     return acc

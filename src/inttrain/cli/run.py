@@ -120,6 +120,13 @@ def model_overrides(cfg: RunConfig) -> dict[str, int]:
     return {k: v for k, v in dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads).items() if v is not None}
 
 
+def data_info(splits: Any) -> dict[str, Any]:
+    """Plain numbers (loadable with weights_only) describing what the model was trained on."""
+    return {"task": splits.task, "num_classes": int(splits.num_classes), "in_channels": int(splits.in_channels),
+            "image_size": int(splits.image_size), "mean": [float(m) for m in splits.mean],
+            "std": [float(v) for v in splits.std]}
+
+
 def check_state_keys(state: dict, s_path: Path) -> None:
     """A resumable state names its config and position; say which key is missing instead of a KeyError."""
     from inttrain.trainer import CheckpointError
@@ -159,8 +166,8 @@ def check_model_memory(cfg: RunConfig, splits: Any, limits: Any) -> None:
         f"(training, batch {cfg.batch_size})", est.bytes(cfg.batch_size))
 
 
-def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
-    """Validate ``cfg``, load the data and build the prepared model (UsageProblem on any problem)."""
+def prepare_run(cfg: RunConfig, echo: Any = typer.echo, splits: Any = None) -> Prepared:
+    """Validate ``cfg``, load the data (unless ``splits`` is given) and build the prepared model (UsageProblem on any problem)."""
     import torch
 
     from inttrain.data import DataError, load_dataset
@@ -172,8 +179,9 @@ def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
         torch.set_num_threads(cfg.threads)
     limits = run_limits(cfg)
     try:
-        splits = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_fraction, seed=cfg.seed, seq_len=cfg.seq_len,
-                              limits=limits)
+        if splits is None:
+            splits = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_fraction, seed=cfg.seed, seq_len=cfg.seq_len,
+                                  limits=limits)
     except DataError as e:
         raise UsageProblem(f"--dataset {cfg.dataset}", str(e)) from e
     check_model_memory(cfg, splits, limits)
@@ -251,6 +259,7 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
         return {"forward_bits": bits[0], "grad_bits": bits[1], "gbitops": round(counter.bitops / 1e9, 6)}
 
     folder.extra = extra
+    folder.data_info = data_info(p.splits)
     # Resume: TensorBoard drops what the interrupted leg logged after its checkpoint.
     folder.open_tensorboard(None if resume_from is None else int(resume_from[1]["train_state"]["step"]) + 1)
     try:

@@ -10,8 +10,13 @@ validated before training; problems raise :class:`DataError`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
 
 from .arrays import RawArrays
 from .cifar10 import CIFAR10_LAYOUT, load_cifar10_arrays
@@ -21,12 +26,12 @@ from .folder import load_folder_arrays
 from .limits import LimitError, Limits
 from .mnist import MNIST_LAYOUT, load_mnist_arrays
 from .npz import load_npz_arrays, resolve_npz_path
-from .splits import DatasetSplits, make_splits
+from .splits import DatasetSplits, make_splits, normalise
 from .synthetic import make_synthetic_arrays
 from .text import load_text_splits
 from .validate import ImageLayout, validate
 
-__all__ = ["DATASET_NAMES", "DataError", "LimitError", "Limits", "DatasetSplits", "RawArrays", "load_dataset", "splits_from_arrays"]
+__all__ = ["DATASET_NAMES", "DataError", "LimitError", "Limits", "load_eval_dataset", "DatasetSplits", "RawArrays", "load_dataset", "splits_from_arrays"]
 
 # name -> (loader(data_dir, seed, limits), pinned layout or None)
 _Loader = Callable[[str | Path | None, int, Limits], RawArrays]
@@ -84,3 +89,32 @@ def load_dataset(
     except KeyError:
         raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}") from None
     return splits_from_arrays(loader(data_dir, seed, limits), name, val_fraction, seed, expect, limits)
+
+
+def load_eval_dataset(
+    name: str,
+    data_dir: str | Path | None,
+    num_classes: int,
+    layout: ImageLayout,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    limits: Limits | None = None,
+) -> tuple[TensorDataset, str]:
+    """Every example of an image source, for evaluating a trained model: (dataset, what was taken).
+
+    A source with a test split gives its whole test split, one without gives every example (no
+    held-out slice). Labels must fall in the model's ``num_classes``, images must have its ``layout``
+    (channels, size), and they are standardised with the training ``mean``/``std`` the model saw.
+    """
+    limits = limits or Limits()
+    try:
+        loader, expect = _LOADERS[name]
+    except KeyError:
+        raise ValueError(f"unknown image dataset {name!r}; allowed: {', '.join(_LOADERS)}") from None
+    raw = dataclasses.replace(loader(data_dir, 0, limits), num_classes=num_classes)
+    validate(raw, layout, limits)  # labels vs the model's classes, images vs its input shape
+    if raw.x_test is not None and raw.y_test is not None:
+        x, y, what = raw.x_test, raw.y_test, "its whole test split"
+    else:
+        x, y, what = raw.x_train, raw.y_train, "every example"
+    return TensorDataset(normalise(x, mean, std), torch.from_numpy(y.astype(np.int64))), what

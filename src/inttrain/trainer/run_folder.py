@@ -63,6 +63,9 @@ class RunFolder(TrainHooks):
         self.tb: TensorBoardScalars | None = None
         #: Called for every row; returns values of the schedule/cost columns (forward_bits, grad_bits, gbitops).
         self.extra: Callable[[], dict[str, Any]] | None = None
+        #: What the model was trained on (classes, input shape, normalisation): saved with every checkpoint
+        #: so ``inttrain eval --data-dir OTHER`` standardises other data exactly as training did.
+        self.data_info: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ files
     def create(self) -> None:
@@ -140,7 +143,8 @@ class RunFolder(TrainHooks):
 
     def save(self, name: str, snapshot: Callable[[], tuple[dict[str, Tensor], dict[str, Any]]]) -> None:
         weights, state = snapshot()
-        save_checkpoint(self.checkpoints, name, weights, {**state, "config": self.config})
+        extra = {"data": self.data_info} if self.data_info is not None else {}
+        save_checkpoint(self.checkpoints, name, weights, {**state, "config": self.config, **extra})
 
     def should_stop(self) -> bool:
         return self.stop
