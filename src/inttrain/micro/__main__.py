@@ -92,7 +92,13 @@ def _train(args) -> None:
 def _eval(args) -> None:
     from .model import evaluate, load_data, load_model
 
+    from .errors import MicroFormatError
+    from .model import check_memory
+
+    if args.batch_size < 1:
+        raise MicroFormatError(f"--batch-size {args.batch_size}: allowed: >= 1")
     model = load_model(args.model_dir)
+    check_memory(model.desc, args.batch_size, f"--batch-size {args.batch_size}")
     x, x_exp, y = load_data(args.data, model.desc["num_classes"])
     t0 = time.perf_counter()
     acc = evaluate(model, x, x_exp, y, args.batch_size)
