@@ -79,9 +79,9 @@ def read_idx(path: Path, ndim: int, image_size: int | None = None, limits: Limit
         raise DataError(f"{path.name}: file: cannot read ({type(e).__name__}: {e}); allowed: an idx file, "
                         "plain or gzipped") from None
     if len(data) != count:
-        got = header + len(data)
+        got = f"more than {header + count}" if len(data) > count else str(header + len(data))  # read stops at +1
         raise DataError(
-            f"{path.name}: length: {'more than ' if len(data) > count else ''}{got} bytes; dims {list(shape)} need "
+            f"{path.name}: length: {got} bytes; dims {list(shape)} need "
             f"{header + count} ({'truncated' if len(data) < count else 'trailing bytes'})"
         )
     return np.frombuffer(data, dtype=np.uint8).reshape(shape)
