@@ -64,7 +64,7 @@ def _train(args) -> None:
     if Path(args.out).exists() and not args.force:     # judged before training, not after an hour of it
         raise MicroFormatError(f"--out {args.out}: already exists; allowed: a new path, or --force to replace it")
     src = Path(args.model)
-    model = load_model(src) if src.is_dir() else Sequential.from_description(read_json(src))
+    model = load_model(src) if src.is_dir() else Sequential.from_description(read_json(src), str(src))
     n_cls = model.desc["num_classes"]
     x, x_exp, y = load_data(args.data, n_cls)
     val = load_data(args.val, n_cls) if args.val else None

@@ -266,8 +266,8 @@ class Sequential:
             layers[0].need_input_grad = False    # the data needs no error
 
     @classmethod
-    def from_description(cls, desc: dict) -> "Sequential":
-        d = validate_description(desc)
+    def from_description(cls, desc: dict, where: str = "model description") -> "Sequential":
+        d = validate_description(desc, where)
         rng = np.random.default_rng(d["seed"])
         layers = build_layers(d["layers"], d["weight_bits"], d["rounding"], rng)
         return cls(layers, d)
