@@ -13,6 +13,7 @@ refused from its directory, not after it expanded.
 from __future__ import annotations
 
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,7 @@ def resolve_npz_path(data_dir: str | Path | None, dataset: str) -> Path:
 def _array(archive: np.lib.npyio.NpzFile, key: str, path: Path) -> np.ndarray:
     try:
         return archive[key]
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError) as e:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError, zlib.error) as e:
         # object arrays need pickle, which we refuse; truncated or corrupt members fail their CRC
         raise DataError(f"{path.name}: {key}: cannot load ({type(e).__name__}: {e})") from None
 
@@ -80,7 +81,7 @@ def check_npz_members(path: Path, limits: Limits) -> None:
                                     "allowed: a header that matches its data")
                 need += info.file_size + (count * FLOAT_IMAGE_BYTES if key.startswith("x") else 0)
             limits.check_bytes(path.name, "loading and converting its arrays", need)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, NotImplementedError, zlib.error) as e:
         if isinstance(e, InttrainError):  # our own refusal (DataError, LimitError): already worded
             raise
         raise DataError(f"{path.name}: file: not a readable .npz archive ({type(e).__name__}: {e}); "
@@ -92,7 +93,7 @@ def load_npz_arrays(path: Path, num_classes: int | None = None, limits: Limits |
         check_npz_members(path, limits or Limits())
     try:
         archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise DataError(f"{path.name}: file: not a readable .npz archive ({type(e).__name__}: {e}); "
                         "allowed: an .npz written by numpy.savez[_compressed]") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):

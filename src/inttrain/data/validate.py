@@ -99,7 +99,7 @@ def validate(raw: RawArrays, expect: ImageLayout | None = None, limits: Limits |
         if num_classes < 1:
             raise _fail(src, "num_classes", f"{num_classes}: must be >= 1")
     else:
-        if len(raw.y_train) and np.issubdtype(raw.y_train.dtype, np.integer):
+        if raw.y_train.ndim == 1 and len(raw.y_train) and np.issubdtype(raw.y_train.dtype, np.integer):
             num_classes = int(raw.y_train.max()) + 1  # Python int: uint64 2^64-1 stays exact
         else:
             num_classes = 1  # the label checks below report the real problem
