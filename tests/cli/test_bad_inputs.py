@@ -290,6 +290,9 @@ def test_export_out_onto_an_existing_path_needs_force(run: Path, tmp_path: Path,
     f.write_text("keep")
     _refused(capsys, ["export", str(run), "--out", str(f), "--force"], "is a file; allowed: a folder path")
     assert f.read_text() == "keep"
+    _refused(capsys, ["export", str(run / "checkpoints" / "last.safetensors"), "--out", str(run), "--force"],
+             f"is (or holds) the source '{run / 'checkpoints' / 'last.safetensors'}'; allowed: another folder")
+    assert (run / "checkpoints" / "last.safetensors").is_file()
 
 
 def test_stale_checkpoint_temp_files_ignored_then_cleaned(run: Path, tmp_path: Path) -> None:

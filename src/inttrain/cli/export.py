@@ -155,10 +155,12 @@ def export_model(src: str | Path, out_dir: str | Path) -> dict:
             "layers": [s["type"] for s in model.desc["layers"]]}
 
 
-def check_export_out(out: Path, force: bool) -> None:
-    """``--out`` must be new unless ``force``; a file is never replaced by a model folder."""
+def check_export_out(out: Path, force: bool, src: Path | None = None) -> None:
+    """``--out`` must be new unless ``force``; a file, or the source itself, is never replaced by a model folder."""
     from .errors import UsageProblem
 
+    if src is not None and out.exists() and src.exists() and out.resolve() in (src.resolve(), *src.resolve().parents):
+        raise UsageProblem("--out", f"{str(out)!r} is (or holds) the source {str(src)!r}; allowed: another folder")
     if out.exists() and not force:
         raise UsageProblem("--out", f"{str(out)!r} already exists; allowed: a new path, or --force to replace "
                                     "it (the old model stays until the new one is complete)")
@@ -169,7 +171,7 @@ def check_export_out(out: Path, force: bool) -> None:
 
 def run_export(src: Path, out: Path, data: Path | None = None, echo=print, force: bool = False) -> dict:
     """The ``inttrain export`` command: export, then (with ``data``) compare torch and micro predictions."""
-    check_export_out(out, force)
+    check_export_out(out, force, src)
     summary = export_model(src, out)
     echo(f"exported {summary['params']} tensors ({summary['weights']} integer weights; "
          f"{' '.join(summary['layers'])}) to {summary['out']}/model.json + weights.safetensors")
