@@ -253,6 +253,25 @@ def test_metrics_with_garbage_lines(run: Path, tmp_path: Path, capsys: pytest.Ca
     assert sorted(p.name for p in (r / "plots").iterdir()) == ["accuracy.png", "loss.png", "lr.png"]  # no temp files
 
 
+def test_killed_run_metrics_partial_last_line(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A kill mid-write leaves a last line without its newline: plot skips it, resume drops it."""
+    r = _copy(run, tmp_path / "r")
+    row = {"kind": "step", "step": 1, "epoch": 1, "loss": 2.3, "val_accuracy": None, "lr": 0.05}
+    (r / "metrics.jsonl").write_text(json.dumps(row) + "\n" + '{"kind": "st')
+    assert main(["plot", str(r)]) == 0
+    assert main(["resume", str(r), "--max-steps", "2"]) == 0
+    lines = (r / "metrics.jsonl").read_text().splitlines()
+    assert all(isinstance(json.loads(line), dict) for line in lines) and json.loads(lines[0])["step"] == 1
+
+
+def test_cifar_batch_that_never_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "cifar-10-batches-bin"
+    d.mkdir()
+    (d / "data_batch_1.bin").symlink_to("/dev/zero")
+    _refused(capsys, ["train", "--dataset", "cifar10", "--data-dir", str(tmp_path)],
+             "data_batch_1.bin: file: not a regular file; allowed: a CIFAR-10 binary batch file")
+
+
 def test_state_file_missing_a_key(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     r = _copy(run, tmp_path / "r")
     s_path = r / "checkpoints" / "last.state.pt"
@@ -350,19 +369,23 @@ def test_refusals_stay_small(tmp_path: Path) -> None:
         ["train", "--dataset", "npz", "--data-dir", str(tmp_path / "many.npz")],
         ["cost", "--batch-size", "50000000"],
     ]
+    huge = {"input_shape": [60_000], "layers": [{"type": "linear", "in_features": 60_000, "out_features": 130_000}]}
+    (tmp_path / "huge.json").write_text(json.dumps(huge))
+    micro = [[str(tmp_path / "huge.json"), str(tmp_path / "h.npz"), "--out", str(tmp_path / "o")]]
     script = f"""
 import json, resource, sys
 import numpy, torch, PIL.Image, yaml
 import inttrain.cli.app, inttrain.cli.run, inttrain.data, inttrain.models
 from inttrain.cli.app import main
+import inttrain.micro.__main__ as micro
 main(["train", "--dataset", "npz", "--data-dir", "/nonexistent.npz"])  # warm: imports of the refusal path
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-codes = [main(c) for c in {json.dumps(commands)}]
+codes = [main(c) for c in {json.dumps(commands)}] + [micro.main(["train", *c]) for c in {json.dumps(micro)}]
 print(json.dumps({{"codes": codes, "grew_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base}}))
 """
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["codes"] == [2] * len(commands), out.stderr
+    assert result["codes"] == [2] * (len(commands) + len(micro)), out.stderr
     assert result["grew_kb"] < 300 * 1024, result
-    assert out.stderr.count("\n") == len(commands) + 1  # one line per refusal (+ the warm-up's)
+    assert out.stderr.count("\n") == len(commands) + len(micro) + 1  # one line per refusal (+ the warm-up's)

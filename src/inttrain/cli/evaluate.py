@@ -35,6 +35,16 @@ def resolve_checkpoint(path: Path) -> Path:
     return path
 
 
+def _valid_info(info: Any) -> bool:
+    def numbers(v: Any) -> bool:
+        return isinstance(v, list) and len(v) in (1, 3) and all(isinstance(e, float) and e == e for e in v)
+
+    return (isinstance(info, dict) and info.get("task") == "classification"
+            and all(isinstance(info.get(k), int) and info[k] > 0 for k in ("num_classes", "in_channels", "image_size"))
+            and numbers(info.get("mean")) and numbers(info.get("std")) and len(info["mean"]) == info["in_channels"]
+            and len(info["std"]) == info["in_channels"] and all(v > 0 for v in info["std"]))
+
+
 def _other_data(cfg: RunConfig, trained: RunConfig, state: dict) -> Any:
     """Splits whose validation set is the whole of the other data, standardised like the training data.
 
@@ -46,7 +56,7 @@ def _other_data(cfg: RunConfig, trained: RunConfig, state: dict) -> Any:
     from .run import prepare_run, run_limits
 
     info = state.get("data")
-    if not isinstance(info, dict) or info.get("task") != "classification":
+    if not _valid_info(info):  # older run (or a damaged record): recompute from the run's own training data
         base = prepare_run(trained, echo=lambda s: None).splits
         info = {"num_classes": base.num_classes, "in_channels": base.in_channels, "image_size": base.image_size,
                 "mean": list(base.mean), "std": list(base.std)}

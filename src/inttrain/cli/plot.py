@@ -34,8 +34,17 @@ def load_rows(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise UsageProblem("RUN_DIR", f"{str(run_dir)!r}: no metrics.jsonl; expected a run folder made by `inttrain train`")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageProblem("RUN_DIR", f"{path}: byte {e.start}: not UTF-8; allowed: the JSON lines `inttrain train` "
+                                      "writes") from None
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines = lines[:-1]  # a last line without its newline was cut short by a kill: not a row yet
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:

@@ -40,11 +40,19 @@ def write_yaml_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_metrics(folder: str | Path) -> list[dict[str, Any]]:
-    """Rows of ``metrics.jsonl`` (missing file: no rows)."""
+    """Rows of ``metrics.jsonl`` (missing file: no rows); lines that are not rows are skipped."""
     path = Path(folder) / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_bytes().decode("utf-8", "replace").splitlines():
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue  # a line cut short by a kill (or damaged): not a row; resume rewrites the file without it
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("epoch"), int):
+            rows.append(row)
+    return rows
 
 
 def _finite_or_none(v: float | None) -> float | None:
