@@ -8,6 +8,8 @@ when every image is, RGB otherwise. Needs Pillow (imported only here).
 
 from __future__ import annotations
 
+import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +50,24 @@ def _scan(root: Path, classes: list[str] | None = None) -> tuple[list[str], list
     return classes, items
 
 
+class _CappedFile(io.BufferedReader):
+    """A file whose ``read(n)`` never asks for more than is left in it.
+
+    Pillow skips the rest of a PNG chunk with ``fp.read(declared_length)``, and Python allocates the full
+    ``n`` before reading: a 60-byte PNG declaring a 300 MB chunk made a 300 MB allocation. Capping ``n`` at
+    the bytes left bounds every read by the file's real size.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(io.FileIO(path))
+        self._size = os.fstat(self.fileno()).st_size
+
+    def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0:
+            n = self._size
+        return super().read(min(n, max(0, self._size - self.tell())))
+
+
 def _load(items: list[tuple[Path, int]], mode: str | None, limits: Limits) -> tuple[np.ndarray, np.ndarray, str]:
     image = _pil()
     pics = []
@@ -55,7 +75,7 @@ def _load(items: list[tuple[Path, int]], mode: str | None, limits: Limits) -> tu
     for path, _ in items:
         try:
             # open() reads only the header: the declared size is judged before any pixel is decoded.
-            with image.open(path) as im:
+            with _CappedFile(path) as f, image.open(f) as im:
                 limits.check_image(str(path), *im.size)
                 pixels += im.size[0] * im.size[1]
                 limits.check_bytes(str(path), f"{len(pics) + 1} images of up to {im.size[0]}x{im.size[1]} pixels",
