@@ -191,7 +191,7 @@ def test_empty_file_is_an_error_not_an_abort(tmp_path: Path, capsys: pytest.Capt
     ("- 1\n- 2\n", "top level is a list; expected a mapping of key: value"),
     ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 8 levels deep"),
     ("a: &a [1, 1]\nb: [*a, *a]\n", "uses a YAML anchor/alias (&name / *name); allowed: plain key: value pairs"),
-    ("batch_size: 1.0e+23\n", "batch_size=99999999999999991611392: too large; allowed: at most 16,777,216"),
+    ("batch_size: 1.0e+23\n", "batch_size=1e+23: too large; allowed: at most 16,777,216"),
     ("lr: .nan\n", "lr=nan: must be a finite number"),
     ("epochs: [1, 2]\n", "epochs=[1, 2]: must be an integer"),
     ("model: {a: 1}\n", "model={'a': 1}: must be a string"),
@@ -280,6 +280,23 @@ def test_state_file_missing_a_key(run: Path, tmp_path: Path, capsys: pytest.Capt
     torch.save(state, s_path)
     _refused(capsys, ["resume", str(r)], "last.state.pt: missing or malformed train_state.position; allowed: a state "
                                          "file written by `inttrain train`")
+
+
+def test_checkpoint_config_describing_a_huge_model(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The config inside a checkpoint is judged like a command line: sizes are estimated before building."""
+    r = _copy(run, tmp_path / "r")
+    for name in ("best", "last"):
+        s_path = r / "checkpoints" / f"{name}.state.pt"
+        if s_path.is_file():
+            state = torch.load(s_path, weights_only=True)
+            state["config"].update(model="resnet56", batch_size=16_777_216)
+            torch.save(state, s_path)
+    for cmd in (["eval", str(r)], ["resume", str(r)]):
+        _refused(capsys, cmd, "--model resnet56 --batch-size 16777216: ")
+    state = torch.load(r / "checkpoints" / "last.state.pt", weights_only=True)
+    state["config"]["batch_size"] = 1e23
+    torch.save(state, r / "checkpoints" / "last.state.pt")
+    _refused(capsys, ["resume", str(r)], "config: batch_size=1e+23: too large; allowed: at most 16,777,216")
 
 
 def test_refused_pickle_is_one_line(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

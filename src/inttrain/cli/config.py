@@ -108,6 +108,7 @@ def coerce(name: str, value: Any, where: str) -> Any:
         shown = name if len(name) <= 60 else name[:60] + "..."
         raise UsageProblem(where, f"unknown key {shown!r}; allowed: {', '.join(FIELD_NAMES)}")
     typ, optional = _base_type(name)
+    original = value  # messages quote what the user wrote (1e+23), not its conversion
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~", "")):
         if optional:
             return None
@@ -140,12 +141,12 @@ def coerce(name: str, value: Any, where: str) -> Any:
     except (TypeError, ValueError, OverflowError):
         pass
     else:
-        return _check_range(name, value, where)
+        return _check_range(name, value, where, original)
     kind = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[typ]
     raise UsageProblem(where, f"{name}={value!r}: must be {kind}" + (" or none" if optional else ""))
 
 
-def _check_range(name: str, value: Any, where: str) -> Any:
+def _check_range(name: str, value: Any, where: str, original: Any = None) -> Any:
     """Finite, and at most the key's :data:`UPPER` bound (a batch of 1e23 is refused here, not by malloc)."""
     import math
 
@@ -155,7 +156,8 @@ def _check_range(name: str, value: Any, where: str) -> Any:
         raise UsageProblem(where, f"{name}={value!r}: must be a finite number")
     hi = UPPER.get(name)
     if hi is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value > hi:
-        raise UsageProblem(where, f"{name}={value!r}: too large; allowed: at most {hi:,}")
+        raise UsageProblem(where, f"{name}={value if original is None else original!r}: too large; "
+                                  f"allowed: at most {hi:,}")
     if name == "seed" and value < -(2**63):
         raise UsageProblem(where, f"{name}={value!r}: too small; allowed: a 64-bit integer")
     return value

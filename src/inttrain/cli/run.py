@@ -328,7 +328,11 @@ def write_summary(root: Path, cfg: RunConfig, result: Any) -> None:
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "stopped": result.stopped,
     }
-    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    import os
+
+    tmp = root / ".summary.json.tmp"  # atomic: `inttrain compare` never reads half a summary
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, root / "summary.json")
 
 
 class SilentFolder:
