@@ -262,3 +262,24 @@ def test_checkpoint_loader(tmp_path: Path, data) -> None:
     target = data.draw(st.sampled_from([w, s]))
     target.write_bytes(mutate(target.read_bytes(), data.draw))
     refused_or_loaded(lambda: load_checkpoint(w))
+
+
+@st.composite
+def cifar_py_batches(draw) -> bytes:
+    import pickle
+
+    n = draw(st.integers(1, 4))
+    batch = {b"data": np.zeros((n, 3072), np.uint8), b"labels": list(range(n))}
+    if draw(st.booleans()):
+        batch[draw(st.sampled_from([b"data", b"labels", "data"]))] = draw(VALUES)
+    return mutate(pickle.dumps(batch, protocol=draw(st.integers(2, 5))), draw)
+
+
+@given(train=cifar_py_batches(), test=cifar_py_batches())
+@FUZZ
+def test_cifar_python_batches(tmp_path: Path, train: bytes, test: bytes) -> None:
+    d = tmp_path / "cifar-10-batches-py"
+    d.mkdir(exist_ok=True)
+    (d / "data_batch_1").write_bytes(train)
+    (d / "test_batch").write_bytes(test)
+    _load("cifar10", tmp_path)

@@ -75,3 +75,21 @@ def test_npz_limits_count_the_float_copy(tmp_path: Path) -> None:
     with pytest.raises(LimitError, match=r"d.npz: loading and converting its arrays would need 0.0088 GiB"):
         load_dataset("npz", tmp_path / "d.npz", limits=Limits(memory_bytes=5 << 20))
     assert load_dataset("npz", tmp_path / "d.npz", limits=Limits(memory_bytes=16 << 20)).num_classes == 1
+
+
+def test_pickle_opcode_declaring_300mb_is_refused_from_the_opcodes(tmp_path: Path) -> None:
+    """A CIFAR python batch whose BINUNICODE opcode declares 300 MB in a 30-byte file: refused, not allocated."""
+    from inttrain.data import DataError
+
+    d = tmp_path / "cifar-10-batches-py"
+    d.mkdir()
+    (d / "data_batch_1").write_bytes(b"\x80\x03}q\x00X" + struct.pack("<I", 300 << 20) + b"data" + b".")
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=r"data_batch_1: pickle: not a readable pickle \(ValueError: expected "
+                                            r"314572800 bytes in a unicodestring4, but only 5 remain\)"):
+            load_dataset("cifar10", tmp_path)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peak < 50 << 20, f"{peak / 2**20:.0f} MiB"
