@@ -211,6 +211,7 @@ def export_cmd(
     format: Annotated[str, typer.Option("--format", help="onnx: int8 QDQ ONNX model (ONNX Runtime); torch: torch.export program (.pt2); micro: integer-only model for the NumPy micro engine.")] = "micro",
     out: Annotated[Optional[Path], typer.Option(help="Output: a .onnx / .pt2 file, or the micro model folder. \\[default: RUN/export/model.onnx, model.pt2 or micro]")] = None,
     data: Annotated[Optional[Path], typer.Option(help="micro only: DATA.npz (x int8, x_exp, y) to check that micro and torch predict identically.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out (atomically).")] = False,
 ) -> None:
     """Export a trained run for inference and check it: top-1 agreement with the trained model on the run's validation data.
 
@@ -223,7 +224,8 @@ def export_cmd(
     if format == "micro":
         from .export import run_export
 
-        run_export(source, out if out is not None else default_export_path(source, "micro"), data, echo=typer.echo)
+        run_export(source, out if out is not None else default_export_path(source, "micro"), data, echo=typer.echo,
+                   force=force)
         return
     if data is not None:
         raise _usage("--data", f"{str(data)!r}: only --format micro takes a DATA.npz; onnx and torch exports are "
@@ -378,8 +380,13 @@ def _rank_prefix() -> str:
     return f"rank {os.environ['RANK']}: " if "RANK" in os.environ and "WORLD_SIZE" in os.environ else ""
 
 
+def _one_line(text: object) -> str:
+    """Messages may quote file contents: newlines and runs of blanks become one space."""
+    return " ".join(str(text).split())
+
+
 def _main(args: list[str]) -> int:
-    from .errors import UsageProblem
+    from inttrain.spec.errors import InttrainError
 
     # --debug is accepted anywhere on the line, not only before the command.
     debug = "--debug" in args
@@ -388,15 +395,25 @@ def _main(args: list[str]) -> int:
     try:
         rv = command.main(args=args, prog_name="inttrain", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
-    except typer.Abort:
+    except typer.Abort as e:
+        if isinstance(e.__context__, EOFError):  # click turns EOFError into Abort: a file ended early, no Ctrl-C
+            if debug:
+                traceback.print_exception(e.__context__)
+            typer.echo(f"error: {_rank_prefix()}input: unexpected end of file ({_one_line(e.__context__) or 'no data'}); "
+                       "an empty or truncated file was given where data was expected", err=True)
+            return 2
         typer.echo(f"error: {_rank_prefix()}aborted", err=True)
         return 130
     except Exception as e:
         if debug:
             traceback.print_exc()
-        if isinstance(e, UsageProblem):
-            typer.echo(f"error: {_rank_prefix()}{e}", err=True)
+        if isinstance(e, InttrainError):  # every refused input: one line, exit 2
+            typer.echo(f"error: {_rank_prefix()}{_one_line(e)}", err=True)
             return e.exit_code
+        if isinstance(e, MemoryError):  # a size no limit caught: still one line, and say which knob helps
+            typer.echo(f"error: {_rank_prefix()}out of memory: {_one_line(e) or 'an allocation failed'}; lower the batch "
+                       "size, model size or data size (see the README's reliability section for the limits)", err=True)
+            return 2
         if isinstance(e, typer.TyperException):  # typer's own usage errors (unknown option, ...)
             typer.echo(f"error: {_rank_prefix()}{e.format_message()}", err=True)
             return int(getattr(e, "exit_code", 2))
@@ -406,7 +423,7 @@ def _main(args: list[str]) -> int:
             typer.echo(f"error: {_rank_prefix()}training diverged: {e}", err=True)
             return 1
         if isinstance(e, ValueError):  # inttrain's own validation (e.g. a recipe prepare_ rejects)
-            typer.echo(f"error: {_rank_prefix()}{e}", err=True)
+            typer.echo(f"error: {_rank_prefix()}{_one_line(e)}", err=True)
             return 2
         typer.echo(
             f"error: {_rank_prefix()}unexpected {type(e).__name__}: {e}" + ("" if debug else " (rerun with --debug for the traceback)"),

@@ -68,6 +68,25 @@ class RunConfig:
     save_every: int | None = None  # also save checkpoints/last every this many steps (restart/resume points)
     # unified-int8: deviation-counteractive per-layer LR scaling (Zhu et al. CVPR 2020, Eq. 10); false: plain lr.
     dclr: bool = True
+    # Limits judged before reading data or building the model (inttrain.data.limits; README "Reliability").
+    max_memory_gb: float | None = None  # data + model + activations; None: 80% of physical memory
+    max_classes: int = 10_000
+    max_image_side: int = 8192
+
+
+#: Largest value each numeric key takes: far above real work, far below what exhausts memory or time.
+#: (Lower bounds, bit widths and cross-field rules live in ``run.validate_config`` and the recipes, with their
+#: own messages.)
+UPPER: dict[str, float] = {
+    "epochs": 10**6, "batch_size": 1 << 24, "lr": 1e6, "threads": 4096, "max_steps": 10**12,
+    "log_every": 10**9, "max_consecutive_skips": 10**9, "val_fraction": 1.0, "seq_len": 1 << 20, "d_model": 1 << 16,
+    "n_layers": 1024, "n_heads": 1024, "schedule_cycles": 10**6, "schedule_window": 10**9, "schedule_threshold": 1e6, "schedule_target_cost": 1e3,
+    "schedule_cost_weight": 1e6, "nproc": 1024, "dist_timeout": 1e7, "max_restarts": 1000, "save_every": 10**12,
+    "max_memory_gb": 1 << 20, "max_classes": 1 << 24, "max_image_side": 1 << 16, "seed": 2**63 - 1,
+}
+#: Config files are a screenful of keys: anything far larger or deeper is not a config.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 8
 
 
 _HINTS = typing.get_type_hints(RunConfig)
@@ -86,8 +105,10 @@ def _base_type(name: str) -> tuple[type, bool]:
 def coerce(name: str, value: Any, where: str) -> Any:
     """``value`` converted to field ``name``'s type, or UsageProblem naming key, value and type."""
     if name not in FIELD_NAMES:
-        raise UsageProblem(where, f"unknown key {name!r}; allowed: {', '.join(FIELD_NAMES)}")
+        shown = name if len(name) <= 60 else name[:60] + "..."
+        raise UsageProblem(where, f"unknown key {shown!r}; allowed: {', '.join(FIELD_NAMES)}")
     typ, optional = _base_type(name)
+    original = value  # messages quote what the user wrote (1e+23), not its conversion
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~", "")):
         if optional:
             return None
@@ -108,38 +129,79 @@ def coerce(name: str, value: Any, where: str) -> Any:
         if typ is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
-            return int(value) if not isinstance(value, str) else int(value.strip())
-        if typ is float:
-            if isinstance(value, bool):
+            value = int(value) if not isinstance(value, str) else int(value.strip())
+        elif typ is float:
+            if isinstance(value, bool) or isinstance(value, (dict, list)):
                 raise ValueError
-            return float(value)
-        if typ is str:
+            value = float(value)
+        elif typ is str:
             if isinstance(value, (dict, list)):
                 raise ValueError
-            return str(value)
-    except (TypeError, ValueError):
+            value = str(value)
+    except (TypeError, ValueError, OverflowError):
         pass
     else:
-        return value
+        return _check_range(name, value, where, original)
     kind = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[typ]
     raise UsageProblem(where, f"{name}={value!r}: must be {kind}" + (" or none" if optional else ""))
+
+
+def _check_range(name: str, value: Any, where: str, original: Any = None) -> Any:
+    """Finite, and at most the key's :data:`UPPER` bound (a batch of 1e23 is refused here, not by malloc)."""
+    import math
+
+    if isinstance(value, str) and len(value) > 4096:
+        raise UsageProblem(where, f"{name}: a string of {len(value)} characters; allowed: at most 4096")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageProblem(where, f"{name}={value!r}: must be a finite number")
+    hi = UPPER.get(name)
+    if hi is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value > hi:
+        raise UsageProblem(where, f"{name}={value if original is None else original!r}: too large; "
+                                  f"allowed: at most {hi:,}")
+    if name == "seed" and value < -(2**63):
+        raise UsageProblem(where, f"{name}={value!r}: too small; allowed: a 64-bit integer")
+    return value
 
 
 def config_from_dict(data: dict[str, Any], where: str) -> dict[str, Any]:
     return {k: coerce(str(k), v, where) for k, v in data.items()}
 
 
+def _check_yaml_shape(text: str, where: str) -> None:
+    """Refuse aliases (billion laughs) and deep nesting from the event stream, before anything is built."""
+    import yaml
+
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise UsageProblem(where, "uses a YAML anchor/alias (&name / *name); allowed: plain key: value pairs")
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:
+                raise UsageProblem(where, f"nested more than {MAX_CONFIG_DEPTH} levels deep; allowed: a flat mapping "
+                                          "of key: value")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def load_yaml_config(path: Path) -> dict[str, Any]:
-    """Typed values of a YAML mapping file (``yaml.safe_load``: no object tags)."""
+    """Typed values of a YAML mapping file (``yaml.safe_load``: no object tags; no aliases; <= 1 MiB, <= 8 deep)."""
     import yaml
 
     where = f"--config {path}"
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # bounded: a config pointed at /dev/zero stops here
     except OSError as e:
         raise UsageProblem("--config", f"{str(path)!r}: cannot read ({e.strerror or e})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise UsageProblem(where, f"larger than {MAX_CONFIG_BYTES} bytes; allowed: a config file of key: value lines")
     try:
+        text = raw.decode("utf-8")
+        _check_yaml_shape(text, where)
         data = yaml.safe_load(text)
+    except UnicodeDecodeError as e:
+        raise UsageProblem(where, f"byte {e.start}: not UTF-8 text; allowed: a UTF-8 YAML file") from None
     except yaml.YAMLError as e:
         raise UsageProblem(where, f"not valid YAML ({str(e).splitlines()[0]})") from None
     if data is None:
@@ -165,7 +227,10 @@ def resolve_config(config_file: Path | None, sets: list[str], flags: dict[str, A
     if config_file is not None:
         merged.update(load_yaml_config(config_file))
     merged.update(parse_sets(sets))
-    merged.update({k: v for k, v in flags.items() if v is not None})
+    if flags.get("data_dir") is not None:
+        flags = {**flags, "data_dir": str(flags["data_dir"])}
+    # Flags are typed by typer already; the same range checks apply to them as to the file.
+    merged.update({k: coerce(k, v, "--" + k.replace("_", "-")) for k, v in flags.items() if v is not None})
     if merged.get("data_dir") is not None:
         merged["data_dir"] = str(merged["data_dir"])
     return dataclasses.replace(RunConfig(), **merged)

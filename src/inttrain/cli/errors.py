@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from inttrain.spec.errors import ConfigError
+
 __all__ = ["UsageProblem", "check_choice"]
 
 
-class UsageProblem(Exception):
+class UsageProblem(ConfigError):
     """A bad command-line value; the message names the field, value and what is allowed."""
-
-    exit_code = 2
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

@@ -74,6 +74,9 @@ def resolve_source(path: str | Path) -> tuple[str, Path]:
                                "with checkpoints/best.safetensors or checkpoints/last.safetensors")
     if p.suffix == ".safetensors" and p.is_file():
         return "checkpoint", p
+    if p.is_file():
+        raise MicroFormatError(f"{p}: not a checkpoint this command reads ({p.suffix or 'no suffix'}); allowed: a run "
+                               "folder, a model folder or the NAME.safetensors of a checkpoint pair (not its .state.pt)")
     raise MicroFormatError(f"{p}: not found; expected a run folder, a model folder or a .safetensors checkpoint")
 
 
@@ -152,8 +155,23 @@ def export_model(src: str | Path, out_dir: str | Path) -> dict:
             "layers": [s["type"] for s in model.desc["layers"]]}
 
 
-def run_export(src: Path, out: Path, data: Path | None = None, echo=print) -> dict:
+def check_export_out(out: Path, force: bool, src: Path | None = None) -> None:
+    """``--out`` must be new unless ``force``; a file, or the source itself, is never replaced by a model folder."""
+    from .errors import UsageProblem
+
+    if src is not None and out.exists() and src.exists() and out.resolve() in (src.resolve(), *src.resolve().parents):
+        raise UsageProblem("--out", f"{str(out)!r} is (or holds) the source {str(src)!r}; allowed: another folder")
+    if out.exists() and not force:
+        raise UsageProblem("--out", f"{str(out)!r} already exists; allowed: a new path, or --force to replace "
+                                    "it (the old model stays until the new one is complete)")
+    if out.exists() and not out.is_dir():
+        raise UsageProblem("--out", f"{str(out)!r} is a file; allowed: a folder path (the model is model.json + "
+                                    "weights.safetensors)")
+
+
+def run_export(src: Path, out: Path, data: Path | None = None, echo=print, force: bool = False) -> dict:
     """The ``inttrain export`` command: export, then (with ``data``) compare torch and micro predictions."""
+    check_export_out(out, force, src)
     summary = export_model(src, out)
     echo(f"exported {summary['params']} tensors ({summary['weights']} integer weights; "
          f"{' '.join(summary['layers'])}) to {summary['out']}/model.json + weights.safetensors")

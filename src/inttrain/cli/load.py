@@ -40,7 +40,14 @@ def load_run(path: str | Path, dataset: str | None = None, data_dir: Path | None
     if data_dir is not None or dataset is not None:
         overrides["data_dir"] = str(data_dir) if data_dir is not None else None
     cfg = dataclasses.replace(RunConfig(), **{**saved, "threads": None, **overrides, "max_steps": None})
-    p = prepare_run(cfg, echo=lambda s: None)
+    splits = None
+    if (dataset is not None or data_dir is not None) and cfg.dataset != "text":
+        # other data: every example scored, normalised with the run's own training statistics
+        from .evaluate import _other_data
+
+        trained = dataclasses.replace(RunConfig(), **{**saved, "threads": None, "max_steps": None})
+        splits = _other_data(cfg, trained, state)
+    p = prepare_run(cfg, echo=lambda s: None, splits=splits)
     try:
         p.model.load_state_dict(weights)
     except RuntimeError as e:
@@ -49,6 +56,7 @@ def load_run(path: str | Path, dataset: str | None = None, data_dir: Path | None
             f"({str(e).splitlines()[0]})"
         ) from None
     p.model.eval()
+    p.other_data = splits is not None
     return p, weights_path
 
 

@@ -14,20 +14,48 @@ from .errors import UsageProblem
 __all__ = ["plot_run", "load_rows"]
 
 
+_NUMBERS = ("loss", "val_accuracy", "lr", "val_loss")
+
+
+def _valid_row(row: Any) -> bool:
+    import math
+
+    def num(v: Any) -> bool:
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+
+    return (isinstance(row, dict) and row.get("kind") in ("step", "skipped", "epoch")
+            and all(isinstance(row.get(k), int) and not isinstance(row.get(k), bool) for k in ("step", "epoch"))
+            and all(num(row.get(k)) for k in _NUMBERS))
+
+
 def load_rows(run_dir: Path) -> list[dict[str, Any]]:
     import json
 
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise UsageProblem("RUN_DIR", f"{str(run_dir)!r}: no metrics.jsonl; expected a run folder made by `inttrain train`")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageProblem("RUN_DIR", f"{path}: byte {e.start}: not UTF-8; allowed: the JSON lines `inttrain train` "
+                                      "writes") from None
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines = lines[:-1]  # a last line without its newline was cut short by a kill: not a row yet
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise UsageProblem("RUN_DIR", f"{path}: line {i}: not JSON ({e.msg})") from None
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise UsageProblem("RUN_DIR", f"{path}: line {i}: not JSON ({getattr(e, 'msg', e)}); allowed: one JSON "
+                                          "object per line as `inttrain train` writes") from None
+        if not _valid_row(row):
+            raise UsageProblem("RUN_DIR", f"{path}: line {i}: not a metrics row; allowed: an object with kind "
+                                          "'step'/'skipped'/'epoch', an integer step and epoch, and numbers or null")
+        rows.append(row)
     if not rows:
         raise UsageProblem("RUN_DIR", f"{path}: no rows yet (nothing to plot)")
     return rows
@@ -41,22 +69,29 @@ def plot_run(run_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     rows = load_rows(run_dir)
-    steps = [r for r in rows if r["kind"] == "step" and r["loss"] is not None]
+    steps = [r for r in rows if r["kind"] == "step" and r.get("loss") is not None]
     epochs = [r for r in rows if r["kind"] == "epoch"]
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
     written = []
 
     def save(fig: Any, name: str) -> None:
+        import os
+
         fig.tight_layout()
-        fig.savefig(out / name, dpi=100)
-        plt.close(fig)
+        tmp = out / f".{name}.tmp"  # atomic: a killed plot never leaves a truncated png
+        try:
+            fig.savefig(tmp, dpi=100, format="png")
+            os.replace(tmp, out / name)
+        finally:
+            tmp.unlink(missing_ok=True)
+            plt.close(fig)
         written.append(out / name)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=1, label="train loss (step)")
-    ax.plot([r["step"] for r in epochs if r["loss"] is not None],
-            [r["loss"] for r in epochs if r["loss"] is not None], "o-", label="train loss (epoch mean)")
+    ax.plot([r["step"] for r in epochs if r.get("loss") is not None],
+            [r["loss"] for r in epochs if r.get("loss") is not None], "o-", label="train loss (epoch mean)")
     val = [r for r in epochs if r.get("val_loss") is not None]  # absent in runs from before the column existed
     ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "s--", label="val loss")
     ax.set(xlabel="step", ylabel="loss", title=f"{run_dir.name}: loss")
@@ -64,7 +99,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     save(fig, "loss.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["epoch"] for r in epochs], [r["val_accuracy"] for r in epochs], "o-")
+    ax.plot([r["epoch"] for r in epochs], [r.get("val_accuracy") for r in epochs], "o-")
     ax.set(xlabel="epoch", ylabel="val accuracy", title=f"{run_dir.name}: accuracy")
     save(fig, "accuracy.png")
 

@@ -120,8 +120,54 @@ def model_overrides(cfg: RunConfig) -> dict[str, int]:
     return {k: v for k, v in dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads).items() if v is not None}
 
 
-def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
-    """Validate ``cfg``, load the data and build the prepared model (UsageProblem on any problem)."""
+def data_info(splits: Any) -> dict[str, Any]:
+    """Plain numbers (loadable with weights_only) describing what the model was trained on."""
+    return {"task": splits.task, "num_classes": int(splits.num_classes), "in_channels": int(splits.in_channels),
+            "image_size": int(splits.image_size), "mean": [float(m) for m in splits.mean],
+            "std": [float(v) for v in splits.std]}
+
+
+def check_state_keys(state: dict, s_path: Path) -> None:
+    """A resumable state names its config and position; say which key is missing instead of a KeyError."""
+    from inttrain.trainer import CheckpointError
+
+    ts = state.get("train_state")
+    missing = [k for k in ("config", "train_state") if k not in state]
+    if not missing and isinstance(ts, dict):
+        missing = [f"train_state.{k}" for k in ("step", "epoch", "position") if not isinstance(ts.get(k), int)]
+    if missing or not isinstance(state.get("config"), dict) or not isinstance(ts, dict):
+        raise CheckpointError(f"{s_path}: missing or malformed {', '.join(missing) or 'config/train_state'}; allowed: "
+                              "a state file written by `inttrain train` (resume from another checkpoint or retrain)")
+
+
+def run_limits(cfg: RunConfig) -> Any:
+    from inttrain.data import Limits
+
+    return Limits.from_config(cfg.max_memory_gb, cfg.max_classes, cfg.max_image_side)
+
+
+def check_model_memory(cfg: RunConfig, splits: Any, limits: Any) -> None:
+    """LimitError if the model (built on ``meta``: no storage) and a batch would not fit ``limits``."""
+    from inttrain.models import build_model
+
+    from .estimate import estimate_training_memory
+
+    lm = splits.task == "lm"
+    shape = (splits.image_size,) if lm else (splits.in_channels, splits.image_size, splits.image_size)
+    try:
+        est = estimate_training_memory(
+            lambda: build_model(cfg.model, splits.num_classes, splits.in_channels, splits.image_size,
+                                **model_overrides(cfg)), shape, lm)
+    except ValueError:
+        return  # the real build below reports why the model does not fit the data
+    limits.check_bytes(
+        f"--model {cfg.model} --batch-size {cfg.batch_size}",
+        f"{est.params:,} parameters and {est.activations_per_example:,} activations per example "
+        f"(training, batch {cfg.batch_size})", est.bytes(cfg.batch_size))
+
+
+def prepare_run(cfg: RunConfig, echo: Any = typer.echo, splits: Any = None) -> Prepared:
+    """Validate ``cfg``, load the data (unless ``splits`` is given) and build the prepared model (UsageProblem on any problem)."""
     import torch
 
     from inttrain.data import DataError, load_dataset
@@ -131,10 +177,14 @@ def prepare_run(cfg: RunConfig, echo: Any = typer.echo) -> Prepared:
     recipe_config = validate_config(cfg)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    limits = run_limits(cfg)
     try:
-        splits = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_fraction, seed=cfg.seed, seq_len=cfg.seq_len)
+        if splits is None:
+            splits = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_fraction, seed=cfg.seed, seq_len=cfg.seq_len,
+                                  limits=limits)
     except DataError as e:
         raise UsageProblem(f"--dataset {cfg.dataset}", str(e)) from e
+    check_model_memory(cfg, splits, limits)
     shape = (
         f"vocabulary {splits.num_classes}, sequences of {splits.image_size}" if splits.task == "lm"
         else f"{splits.num_classes} classes, {splits.in_channels}x{splits.image_size}x{splits.image_size}"
@@ -209,6 +259,7 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
         return {"forward_bits": bits[0], "grad_bits": bits[1], "gbitops": round(counter.bitops / 1e9, 6)}
 
     folder.extra = extra
+    folder.data_info = data_info(p.splits)
     # Resume: TensorBoard drops what the interrupted leg logged after its checkpoint.
     folder.open_tensorboard(None if resume_from is None else int(resume_from[1]["train_state"]["step"]) + 1)
     try:
@@ -277,7 +328,11 @@ def write_summary(root: Path, cfg: RunConfig, result: Any) -> None:
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "stopped": result.stopped,
     }
-    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    import os
+
+    tmp = root / ".summary.json.tmp"  # atomic: `inttrain compare` never reads half a summary
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, root / "summary.json")
 
 
 class SilentFolder:
@@ -379,6 +434,19 @@ def _create_folder(out: Path, cfg: RunConfig) -> Any:
     return folder
 
 
+def _remove_if_no_checkpoint(out: Path) -> None:
+    """A run that failed before its first checkpoint leaves nothing that looks like a result.
+
+    ``check_out`` made sure ``out`` was new or empty, so everything in it is this command's.
+    """
+    import shutil
+
+    from inttrain.trainer.checkpoint import checkpoint_paths
+
+    if not any(checkpoint_paths(out / "checkpoints", n)[1].is_file() for n in ("last", "best")):
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def _elastic_restart(out: Path, cfg: RunConfig) -> str:
     """On a restarted attempt (TORCHELASTIC_RESTART_COUNT > 0): "resume" if ``out`` is this run's folder
     with ``checkpoints/last``, "restart" if it is this run's folder without one (start over in it), else "".
@@ -428,7 +496,11 @@ def start_run(cfg: RunConfig, out: Path | None) -> int:
         p = prepare_run(cfg)
         folder = _create_folder(out, cfg)
         typer.echo(f"run folder: {out}")
-        return run_training(p, folder)
+        try:
+            return run_training(p, folder)
+        except Exception:
+            _remove_if_no_checkpoint(out)
+            raise
 
     restart = _elastic_restart(out, cfg)
     if restart == "resume":  # a restarted rank (torchrun --max-restarts / --max-restarts): continue from last
@@ -473,6 +545,7 @@ def resume_run(run_dir: Path, epochs: int | None, max_steps: int | None, threads
         weights, state = load_checkpoint(w_path, s_path)
     except CheckpointError as e:
         raise UsageProblem("RUN_DIR", str(e)) from None
+    check_state_keys(state, s_path)
     saved = config_from_dict(dict(state.get("config", {})), f"{s_path} config")
     if "dclr" not in saved and "layer_hooks" not in state:
         saved["dclr"] = False  # written before the trainer applied DCLR: the run trained without it

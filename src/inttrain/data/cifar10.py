@@ -18,6 +18,7 @@ import numpy as np
 from .arrays import RawArrays
 from .cifar10_py import find_py_batches, read_cifar_py
 from .errors import DataError
+from .limits import FLOAT_IMAGE_BYTES, Limits
 from .npz import load_npz_arrays, resolve_npz_path
 
 __all__ = ["load_cifar10_arrays", "read_cifar_bin", "CIFAR10_LAYOUT"]
@@ -26,10 +27,17 @@ CIFAR10_LAYOUT = (3, 32)  # channels, image size
 RECORD = 1 + 3 * 32 * 32
 
 
-def read_cifar_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_cifar_bin(path: Path, limits: Limits | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(images uint8 NHWC, labels int64) of one CIFAR-10 binary batch file, validated."""
+    import stat
+
     try:
-        data = np.fromfile(path, dtype=np.uint8)
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a device or pipe would never end
+            raise DataError(f"{path.name}: file: not a regular file; allowed: a CIFAR-10 binary batch file")
+        (limits or Limits()).check_bytes(path.name, f"a batch file of {info.st_size} bytes",
+                                         info.st_size * (1 + FLOAT_IMAGE_BYTES))
+        data = np.fromfile(path, dtype=np.uint8, count=info.st_size)
     except OSError as e:
         raise DataError(f"{path.name}: file: cannot read ({e})") from None
     if data.size == 0 or data.size % RECORD:
@@ -54,15 +62,15 @@ def _batches_folder(folder: Path) -> Path | None:
     return None
 
 
-def load_cifar10_arrays(data_dir: str | Path | None) -> RawArrays:
+def load_cifar10_arrays(data_dir: str | Path | None, limits: Limits | None = None) -> RawArrays:
     if data_dir is not None and Path(data_dir).is_dir():
         folder = _batches_folder(Path(data_dir))
         if folder is not None:
-            parts = [read_cifar_bin(p) for p in sorted(folder.glob("data_batch_*.bin"))]
+            parts = [read_cifar_bin(p, limits) for p in sorted(folder.glob("data_batch_*.bin"))]
             x = np.concatenate([p[0] for p in parts])
             y = np.concatenate([p[1] for p in parts])
             test = folder / "test_batch.bin"
-            x_test, y_test = read_cifar_bin(test) if test.is_file() else (None, None)
+            x_test, y_test = read_cifar_bin(test, limits) if test.is_file() else (None, None)
             return RawArrays(f"cifar10 bin ({folder})", x, y, x_test, y_test, num_classes=10)
         folder = find_py_batches(Path(data_dir))
         if folder is not None:
@@ -78,4 +86,4 @@ def load_cifar10_arrays(data_dir: str | Path | None) -> RawArrays:
                 f"{data_dir}: data_dir: no cifar10 data; expected cifar-10-batches-bin/data_batch_*.bin "
                 "(+ test_batch.bin), cifar-10-batches-py/data_batch_* (+ test_batch) or cifar10.npz"
             )
-    return load_npz_arrays(resolve_npz_path(data_dir, "cifar10"), num_classes=10)
+    return load_npz_arrays(resolve_npz_path(data_dir, "cifar10"), num_classes=10, limits=limits)

@@ -10,11 +10,15 @@ reconstructor are accepted, since the official files predate numpy 2.
 
 from __future__ import annotations
 
+import io
 import pickle
+import pickletools
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from inttrain.spec.errors import InttrainError
 
 from .errors import DataError
 
@@ -57,6 +61,20 @@ class NumpyOnlyUnpickler(pickle.Unpickler):
             raise RefusedGlobal(f"{module}.{name}") from None
 
 
+def _read_regular(path: Path) -> bytes:
+    """The bytes of a regular file within the memory limit (never a pipe or device that does not end)."""
+    import stat
+
+    from .limits import Limits
+
+    info = path.stat()
+    if not stat.S_ISREG(info.st_mode):
+        raise DataError(f"{path.name}: file: not a regular file; allowed: a pickle file")
+    Limits().check_bytes(path.name, f"a pickle of {info.st_size} bytes", 3 * info.st_size)
+    with open(path, "rb") as f:
+        return f.read(info.st_size)
+
+
 def load_restricted_pickle(path: Path, encoding: str = "bytes") -> Any:
     """The object in pickle ``path``; DataError naming the file (and the refused global, if that is why).
 
@@ -65,8 +83,12 @@ def load_restricted_pickle(path: Path, encoding: str = "bytes") -> Any:
     """
     allowed = ", ".join(sorted({f"{m}.{n}" for m, n in ALLOWED_GLOBALS}))
     try:
-        with open(path, "rb") as f:
-            return NumpyOnlyUnpickler(f, encoding=encoding).load()
+        raw = _read_regular(path)
+        # Opcodes carry byte counts that the C unpickler allocates before reading (a 100-byte file declaring a
+        # 300 MB string allocated 300 MB): walk the opcodes first; a count past the end of the data fails here.
+        for _ in pickletools.genops(io.BytesIO(raw)):
+            pass
+        return NumpyOnlyUnpickler(io.BytesIO(raw), encoding=encoding).load()
     except RefusedGlobal as e:
         raise DataError(
             f"{path.name}: pickle: refused global {e.qualname!r}; only numpy array data may be loaded "
@@ -74,5 +96,7 @@ def load_restricted_pickle(path: Path, encoding: str = "bytes") -> Any:
         ) from None
     except OSError as e:
         raise DataError(f"{path.name}: file: cannot read ({e.strerror or e})") from None
+    except InttrainError:
+        raise
     except Exception as e:  # truncated or garbage: UnpicklingError, EOFError, ValueError, ...
         raise DataError(f"{path.name}: pickle: not a readable pickle ({type(e).__name__}: {e})") from None

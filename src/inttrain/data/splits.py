@@ -16,7 +16,7 @@ from .arrays import RawArrays
 from .errors import DataError
 from .validate import ImageLayout
 
-__all__ = ["DatasetSplits", "make_splits"]
+__all__ = ["DatasetSplits", "make_splits", "normalise"]
 
 
 @dataclass
@@ -104,3 +104,15 @@ def make_splits(
         mean=tuple(float(m) for m in mean),
         std=tuple(float(s) for s in std),
     )
+
+
+def normalise(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """Images (uint8 NHW/NHWC or float NHW/NCHW) -> float32 NCHW standardised with *given* statistics.
+
+    Evaluation uses the statistics the model was trained with, never the evaluated data's own.
+    """
+    a = _to_nchw_float(x)
+    m, s = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+    if a.shape[1] != len(m) or len(m) != len(s):
+        raise DataError(f"images: {a.shape[1]} channels; the model was trained on {len(m)}")
+    return torch.from_numpy(((a - m[None, :, None, None]) / s[None, :, None, None]).astype(np.float32))

@@ -12,12 +12,14 @@ every position).
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import torch
 from torch.utils.data import TensorDataset
 
 from .errors import DataError
+from .limits import TEXT_BYTES_PER_CHAR, Limits
 from .splits import DatasetSplits
 
 __all__ = ["UNKNOWN", "encode", "load_text_splits", "read_text", "windows"]
@@ -26,17 +28,25 @@ __all__ = ["UNKNOWN", "encode", "load_text_splits", "read_text", "windows"]
 UNKNOWN = "\ufffd"
 
 
-def read_text(data_dir: str | Path | None) -> tuple[Path, str]:
+def read_text(data_dir: str | Path | None, limits: Limits | None = None) -> tuple[Path, str]:
     """(path, contents) of the UTF-8 text file ``data_dir``; DataError naming the file otherwise."""
     if data_dir is None:
         raise DataError("text: data_dir: required; point --data-dir (or --data-path) at a UTF-8 text file")
     path = Path(data_dir)
     if path.is_dir():
         raise DataError(f"{path}: data_dir: is a folder; the text dataset needs one UTF-8 text file")
+    limits = limits or Limits()
     try:
-        raw = path.read_bytes()
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or /dev/zero never ends: refuse before reading
+            raise DataError(f"{path}: data_dir: not a regular file; allowed: a UTF-8 text file (no pipes or devices)")
+        limits.check_bytes(str(path), f"a text dataset of {info.st_size} bytes", info.st_size * TEXT_BYTES_PER_CHAR)
+        with open(path, "rb") as f:
+            raw = f.read(info.st_size + 1)  # bounded even if the file grows while we read
     except OSError as e:
         raise DataError(f"{path}: file: cannot read ({e.strerror or e})") from None
+    if len(raw) > info.st_size:
+        raise DataError(f"{path}: file: grew while being read; allowed: a file that stays as it is")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -47,13 +57,18 @@ def read_text(data_dir: str | Path | None) -> tuple[Path, str]:
 
 
 def _min_length(seq_len: int, val_fraction: float) -> int:
-    """Smallest file length whose train and validation parts each hold one window."""
-    n = seq_len + 1
-    while True:
-        n_val = int(round(n * val_fraction))
-        if n_val >= seq_len + 1 and n - n_val >= seq_len + 1:
-            return n
+    """Smallest file length whose train and validation parts each hold one window.
+
+    Solved in closed form, then nudged over the rounding: a loop from seq_len upwards would take
+    minutes for seq_len = 10^9.
+    """
+    need = seq_len + 1
+    # round(n * f) >= need  <=>  n >= (need - 0.5) / f (ties aside); both parts grow with n, so start at the
+    # larger lower bound: at most a few steps remain.
+    n = max(need, int((need - 0.5) / val_fraction) - 2, int((need - 0.5) / (1 - val_fraction)) - 2)
+    while not (int(round(n * val_fraction)) >= need and n - int(round(n * val_fraction)) >= need):
         n += 1
+    return n
 
 
 def encode(text: str, stoi: dict[str, int]) -> torch.Tensor:
@@ -68,13 +83,14 @@ def windows(ids: torch.Tensor, seq_len: int) -> TensorDataset:
     return TensorDataset(w[:, :-1].contiguous(), w[:, 1:].contiguous())
 
 
-def load_text_splits(data_dir: str | Path | None, seq_len: int = 64, val_fraction: float = 0.1) -> DatasetSplits:
+def load_text_splits(data_dir: str | Path | None, seq_len: int = 64, val_fraction: float = 0.1,
+                     limits: Limits | None = None) -> DatasetSplits:
     """Validated train/val splits of the text file ``data_dir`` (see the module docstring)."""
     if seq_len < 1:
         raise DataError(f"text: seq_len: {seq_len} must be >= 1")
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"text: val_fraction: {val_fraction} must be strictly between 0 and 1")
-    path, text = read_text(data_dir)
+    path, text = read_text(data_dir, limits)
     n_val = int(round(len(text) * val_fraction))
     n_train = len(text) - n_val
     if min(n_val, n_train) < seq_len + 1:

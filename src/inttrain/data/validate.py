@@ -11,6 +11,7 @@ import numpy as np
 
 from .arrays import RawArrays
 from .errors import DataError
+from .limits import Limits
 
 __all__ = ["validate", "image_layout", "ImageLayout"]
 
@@ -69,17 +70,18 @@ def _check_labels(y: np.ndarray, n: int, source: str, name: str, num_classes: in
     if len(y) != n:
         raise _fail(source, name, f"{len(y)} labels for {n} images; counts must match")
     if not np.issubdtype(y.dtype, np.integer):
-        raise _fail(source, name, f"dtype {y.dtype}: labels must be integers")
+        raise _fail(source, name, f"dtype {y.dtype}: labels must be integers (int8..int64, uint8..uint64)")
     bad = (y < 0) | (y >= num_classes)
     if bad.any():
         i = int(np.argmax(bad))
         raise _fail(source, f"{name}[{i}]", f"label {int(y[i])} out of range [0, {num_classes}) ({origin})")
 
 
-def validate(raw: RawArrays, expect: ImageLayout | None = None) -> tuple[int, ImageLayout]:
+def validate(raw: RawArrays, expect: ImageLayout | None = None, limits: Limits | None = None) -> tuple[int, ImageLayout]:
     """Validate ``raw`` and return (num_classes, (channels, image_size)).
 
-    ``expect`` pins the image layout, e.g. (1, 28) for MNIST.
+    ``expect`` pins the image layout, e.g. (1, 28) for MNIST; ``limits`` bounds the class count
+    (labels of 2^40 or 10^5 classes are refused before a classifier of that size is built).
     """
     src = raw.source
     layout = image_layout(raw.x_train, src, "x_train")
@@ -91,16 +93,19 @@ def validate(raw: RawArrays, expect: ImageLayout | None = None) -> tuple[int, Im
         )
     _check_finite(raw.x_train, src, "x_train")
 
+    limits = limits or Limits()
     if raw.num_classes is not None:
         num_classes, origin = raw.num_classes, f"num_classes={raw.num_classes}"
         if num_classes < 1:
             raise _fail(src, "num_classes", f"{num_classes}: must be >= 1")
     else:
-        if len(raw.y_train) and np.issubdtype(raw.y_train.dtype, np.integer):
-            num_classes = int(raw.y_train.max()) + 1
+        if raw.y_train.ndim == 1 and len(raw.y_train) and np.issubdtype(raw.y_train.dtype, np.integer):
+            num_classes = int(raw.y_train.max()) + 1  # Python int: uint64 2^64-1 stays exact
         else:
             num_classes = 1  # the label checks below report the real problem
         origin = f"num_classes={num_classes} inferred from max(y_train)+1"
+    # Before anything sized by the class count (one-hot targets, the classifier layer) is built.
+    limits.check_classes(f"{src}: y_train", num_classes, origin)
     _check_labels(raw.y_train, len(raw.x_train), src, "y_train", num_classes, origin)
 
     if (raw.x_test is None) != (raw.y_test is None):

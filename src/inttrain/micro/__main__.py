@@ -5,7 +5,8 @@ python -m inttrain.micro eval MODEL_DIR DATA.npz
 python -m inttrain.micro codegen MODEL --out DIR [--batch-size 32] [--lr-shift 6]
 python -m inttrain.micro codegen-check MODEL DATA.npz --steps N [--batch-size B] [--lr-shift S]
 
-Errors (bad files, bad arguments) print one line ``error: ...`` to stderr and exit with status 2.
+Errors (bad files, bad arguments) print one line ``error: ...`` to stderr and exit with status 2;
+``--debug`` (anywhere on the line) adds the traceback.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import resource
 import shlex
 import sys
 import time
+import traceback
 
-from .errors import MicroFormatError
+from inttrain.spec.errors import InttrainError
 
 
 def _peak_mib() -> float:
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="data shuffling seed")
     t.add_argument("--val", default=None, help="optional validation DATA.npz evaluated after each epoch")
     t.add_argument("--out", required=True, help="output directory (model.json + weights.safetensors)")
+    t.add_argument("--force", action="store_true", help="replace an existing --out (atomically, after training)")
     e = sub.add_parser("eval", help="accuracy of a saved model on DATA.npz")
     e.add_argument("model_dir")
     e.add_argument("data")
@@ -75,14 +78,18 @@ def _codegen_args(p: argparse.ArgumentParser) -> None:
 def _train(args) -> None:
     from pathlib import Path
 
+    from .errors import MicroFormatError
     from .io import read_json
     from .model import Sequential, evaluate, load_data, load_model, save_model, train_epoch
     from .optim import SGD
 
     if args.epochs < 0 or args.batch_size < 1:
-        raise ValueError("--epochs must be >= 0 and --batch-size >= 1")
+        raise MicroFormatError(f"--epochs {args.epochs} / --batch-size {args.batch_size}: "
+                               "epochs must be >= 0 and the batch size >= 1")
+    if Path(args.out).exists() and not args.force:     # judged before training, not after an hour of it
+        raise MicroFormatError(f"--out {args.out}: already exists; allowed: a new path, or --force to replace it")
     src = Path(args.model)
-    model = load_model(src) if src.is_dir() else Sequential.from_description(read_json(src))
+    model = load_model(src) if src.is_dir() else Sequential.from_description(read_json(src), str(src))
     n_cls = model.desc["num_classes"]
     x, x_exp, y = load_data(args.data, n_cls)
     val = load_data(args.val, n_cls) if args.val else None
@@ -110,7 +117,13 @@ def _train(args) -> None:
 def _eval(args) -> None:
     from .model import evaluate, load_data, load_model
 
+    from .errors import MicroFormatError
+    from .model import check_memory
+
+    if args.batch_size < 1:
+        raise MicroFormatError(f"--batch-size {args.batch_size}: allowed: >= 1")
     model = load_model(args.model_dir)
+    check_memory(model.desc, args.batch_size, f"--batch-size {args.batch_size}")
     x, x_exp, y = load_data(args.data, model.desc["num_classes"])
     t0 = time.perf_counter()
     acc = evaluate(model, x, x_exp, y, args.batch_size)
@@ -167,12 +180,17 @@ def _codegen_check(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from .codegen.check import ToolchainError
 
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv                  # accepted anywhere on the line, like `inttrain --debug`
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
     cmds = {"train": _train, "eval": _eval, "codegen": _codegen, "codegen-check": _codegen_check}
     try:
         return cmds[args.cmd](args) or 0
-    except (MicroFormatError, ValueError, OSError, ToolchainError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    except (InttrainError, ValueError, OSError, EOFError, MemoryError, ToolchainError) as e:
+        if debug:
+            traceback.print_exc()
+        what = "out of memory: " if isinstance(e, MemoryError) else ""
+        print(f"error: {what}{' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 

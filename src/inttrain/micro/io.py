@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -172,5 +173,6 @@ def read_npz(path: str | os.PathLike, max_bytes: int = MAX_DATA_BYTES) -> dict[s
         raise
     except FileNotFoundError:
         raise MicroFormatError(f"{where}: no such file") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, zlib.error,
+            NotImplementedError) as e:  # zlib/NotImplemented: corrupt or unsupported compression of a member
         raise MicroFormatError(f"{where}: not a valid .npz ({type(e).__name__}: {e})") from None

@@ -123,8 +123,13 @@ def validate_description(desc: dict, where: str = "model description") -> dict:
     bits = desc.get("weight_bits", 16)
     if bits not in (8, 16) or isinstance(bits, bool):
         raise MicroFormatError(f"{where}: weight_bits must be 8 or 16, got {bits!r}")
-    rounding = {**DEFAULT_ROUNDING, **(desc.get("rounding") or {})}
-    if set(rounding) != set(DEFAULT_ROUNDING) or not all(v in ROUNDING_MODES for v in rounding.values()):
+    given = desc.get("rounding") or {}
+    if not isinstance(given, dict):
+        raise MicroFormatError(f"{where}: rounding must be an object mapping forward/backward/update to one of "
+                               f"{ROUNDING_MODES}, got {type(given).__name__}")
+    rounding = {**DEFAULT_ROUNDING, **given}
+    if set(rounding) != set(DEFAULT_ROUNDING) or not all(isinstance(v, str) and v in ROUNDING_MODES
+                                                         for v in rounding.values()):
         raise MicroFormatError(f"{where}: rounding must map forward/backward/update to one of {ROUNDING_MODES}")
     seed = _int(desc, "seed", 0, 2**32 - 1, where, 0)
     unknown = set(desc) - {"format", "input_shape", "weight_bits", "rounding", "seed", "layers", "num_classes"}
@@ -138,8 +143,10 @@ def validate_description(desc: dict, where: str = "model description") -> dict:
         raise MicroFormatError(f"{where}: the last layer must output class scores (got shape {cur}); add flatten/linear")
     if "num_classes" in desc and desc["num_classes"] != cur[0]:
         raise MicroFormatError(f"{where}: num_classes {desc['num_classes']!r} but the layers output {cur[0]}")
-    return {"format": FORMAT, "input_shape": list(shape), "num_classes": cur[0], "weight_bits": bits,
-            "rounding": rounding, "seed": seed, "layers": norm}
+    out = {"format": FORMAT, "input_shape": list(shape), "num_classes": cur[0], "weight_bits": bits,
+           "rounding": rounding, "seed": seed, "layers": norm}
+    check_memory(out, 1, where)  # before a single weight is drawn
+    return out
 
 
 def build_layers(specs: list[dict], bits: int, r: dict, rng: np.random.Generator) -> list[Layer]:
@@ -168,6 +175,59 @@ def build_layers(specs: list[dict], bits: int, r: dict, rng: np.random.Generator
         else:
             layers.append(Flatten())
     return layers
+
+
+def memory_limit_bytes() -> int:
+    """80% of physical memory (16 GiB where the OS does not say): what a description may ask for."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
+
+
+#: Bytes per parameter (int32 master + int32 momentum + int8 codes + int32 gradient) and per activation
+#: element kept for backward (int8 codes + int32 accumulator of its gradient), per example.
+PARAM_BYTES, ACT_BYTES = 13, 5
+
+
+def layer_sizes(specs: list[dict], shape: tuple) -> tuple[int, int, tuple]:
+    """(parameters, activation elements per example, output shape) of validated ``specs`` on ``shape``."""
+    params = acts = 0
+    for s in specs:
+        t = s["type"]
+        if t == "linear":
+            params += s["in_features"] * s["out_features"] + s["out_features"]
+            shape = (s["out_features"],)
+        elif t == "conv2d":
+            kk, st, p = s["kernel_size"], s["stride"], s["padding"]
+            params += s["out_channels"] * (s["in_channels"] * kk * kk + 1)
+            shape = (s["out_channels"], (shape[1] + 2 * p - kk) // st + 1, (shape[2] + 2 * p - kk) // st + 1)
+        elif t in ("maxpool2d", "avgpool2d"):
+            shape = (shape[0], shape[1] // s["kernel_size"], shape[2] // s["kernel_size"])
+        elif t == "globalavgpool2d":
+            shape = (shape[0], 1, 1)
+        elif t == "flatten":
+            shape = (int(np.prod(shape, dtype=object)),)
+        elif t == "batchnorm":
+            params += 2 * s["num_features"]
+        elif t == "residual":
+            p1, a1, out = layer_sizes(s["layers"], shape)
+            p2, a2, _ = layer_sizes(s["shortcut"], shape)
+            params, acts, shape = params + p1 + p2, acts + a1 + a2, out
+            continue
+        acts += int(np.prod(shape, dtype=object))
+    return params, acts, shape
+
+
+def check_memory(desc: dict, batch_size: int, where: str, limit: int | None = None) -> None:
+    """MicroFormatError if the model's parameters and a batch's activations would not fit ``limit`` bytes."""
+    limit = memory_limit_bytes() if limit is None else limit
+    params, acts, _ = layer_sizes(desc["layers"], tuple(desc["input_shape"]))
+    need = params * PARAM_BYTES + (acts + int(np.prod(desc["input_shape"], dtype=object))) * ACT_BYTES * batch_size
+    if need > limit:
+        raise MicroFormatError(f"{where}: {params:,} parameters and {acts:,} activations per example at batch "
+                               f"{batch_size} need {need / 2**30:.3g} GiB; allowed: at most {limit / 2**30:.3g} GiB "
+                               "(80% of physical memory): shrink the layers, the input or the batch")
 
 
 def check_batch_layers(specs: list[dict], shape: tuple, batch_size: int) -> tuple:
@@ -206,8 +266,8 @@ class Sequential:
             layers[0].need_input_grad = False    # the data needs no error
 
     @classmethod
-    def from_description(cls, desc: dict) -> "Sequential":
-        d = validate_description(desc)
+    def from_description(cls, desc: dict, where: str = "model description") -> "Sequential":
+        d = validate_description(desc, where)
         rng = np.random.default_rng(d["seed"])
         layers = build_layers(d["layers"], d["weight_bits"], d["rounding"], rng)
         return cls(layers, d)
@@ -230,8 +290,10 @@ class Sequential:
                 break
 
     def check_batch(self, batch_size: int) -> None:
-        """Weight-gradient reductions run over batch (x output pixels): keep them int32-safe."""
+        """Weight-gradient reductions run over batch (x output pixels): keep them int32-safe; and a batch's
+        activations must fit in memory."""
         check_batch_layers(self.desc["layers"], tuple(self.desc["input_shape"]), batch_size)
+        check_memory(self.desc, batch_size, f"--batch-size {batch_size}")
 
 
 def _check_input(model: Sequential, x: np.ndarray, x_exp: int) -> None:
@@ -291,18 +353,38 @@ def load_data(path: str | os.PathLike, num_classes: int | None = None) -> tuple[
 
 
 def save_model(model: Sequential, out_dir: str | os.PathLike, extra: dict | None = None) -> Path:
-    """OUT_DIR/model.json (description + parameter formats) and OUT_DIR/weights.safetensors."""
+    """OUT_DIR/model.json (description + parameter formats) and OUT_DIR/weights.safetensors.
+
+    The folder is written complete under a temporary name next to OUT_DIR, then renamed into place
+    (an existing OUT_DIR is moved aside first and removed after): a killed save leaves the old model
+    or the new one, never a mix. Leftover ``.OUT_DIR.tmp-*`` folders of killed saves are removed here.
+    """
+    import shutil
+    import tempfile
+
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    named = model.named_params()
-    write_safetensors(out / "weights.safetensors", {n: p.acc for n, p in named}, {"format": FORMAT})
-    doc = dict(model.desc)
-    doc["params"] = {n: {"bits": p.bits, "exp": p.exp, "shape": list(p.acc.shape)} for n, p in named}
-    if extra:
-        doc["info"] = extra
-    tmp = out / "model.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, out / "model.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        named = model.named_params()
+        write_safetensors(tmp / "weights.safetensors", {n: p.acc for n, p in named}, {"format": FORMAT})
+        doc = dict(model.desc)
+        doc["params"] = {n: {"bits": p.bits, "exp": p.exp, "shape": list(p.acc.shape)} for n, p in named}
+        if extra:
+            doc["info"] = extra
+        (tmp / "model.json").write_text(json.dumps(doc, indent=1))
+        old = None
+        if out.exists():
+            old = out.parent / f"{tmp.name}-old"
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
     return out
 
 

@@ -38,6 +38,7 @@ Differences from the paper:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -110,6 +111,9 @@ class DoReFaConfig(RecipeConfig):
             Linear, 2..7 for Conv2d; see the module docstring for why); ``g_bits=None`` keeps gradients
             float32 (the dx and dW GEMMs then run in float, as in the paper's "32-bit gradient" rows).
         first_last_float: keep the first and last Linear/Conv2d of the model in float32 (paper Sec. 2.7).
+        conv_bits: the most bits a Conv2d layer takes: Conv2d layers run ``min(k, conv_bits)`` for each of
+            w/a/g, so the defaults (k = 8) work on convolutions, which run k = 7 (a warning says so).
+            ``None``: no clamping; a Conv2d then refuses k > 7.
     """
 
     name = "dorefa"
@@ -117,6 +121,7 @@ class DoReFaConfig(RecipeConfig):
     a_bits: int = 8
     g_bits: int | None = 8
     first_last_float: bool = True
+    conv_bits: int | None = MAX_K_CONV
 
     def __post_init__(self) -> None:
         for field_name in ("w_bits", "a_bits", "g_bits"):
@@ -128,25 +133,42 @@ class DoReFaConfig(RecipeConfig):
                     f"dorefa {field_name}={v!r}: allowed {MIN_K} to {MAX_K_LINEAR} bits for Linear layers,"
                     f" {MIN_K} to {MAX_K_CONV} for Conv2d (int8 conv kernels), g_bits may also be None (float gradients)"
                 )
+        c = self.conv_bits
+        if c is not None and (not isinstance(c, int) or isinstance(c, bool) or not MIN_K <= c <= MAX_K_CONV):
+            raise UnsupportedFormatError(f"dorefa conv_bits={c!r}: allowed {MIN_K} to {MAX_K_CONV} or None (no clamping)")
+
+    def layer_bits(self, module: nn.Module) -> tuple[int, int, int | None]:
+        """(w, a, g) bits ``module`` runs: Conv2d layers clamped to ``conv_bits``."""
+        if not isinstance(module, nn.Conv2d) or self.conv_bits is None:
+            return self.w_bits, self.a_bits, self.g_bits
+        c = self.conv_bits
+        return min(self.w_bits, c), min(self.a_bits, c), None if self.g_bits is None else min(self.g_bits, c)
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
-        bits = [self.w_bits, self.a_bits] + ([self.g_bits] if self.g_bits is not None else [])
+        w_bits, a_bits, g_bits = self.layer_bits(module)
+        bits = [w_bits, a_bits] + ([g_bits] if g_bits is not None else [])
         if isinstance(module, nn.Conv2d) and max(bits) > MAX_K_CONV:
             raise UnsupportedFormatError(
                 f"dorefa layer {fqn!r}: Conv2d allows {MIN_K} to {MAX_K_CONV} bits (k-bit DoReFa codes need k+1-bit"
                 f" signed GEMM codes and integer convolutions are int8-only), got w/a/g = "
-                f"{self.w_bits}/{self.a_bits}/{self.g_bits}; keep the layer float with filter_fn or lower the bits"
+                f"{self.w_bits}/{self.a_bits}/{self.g_bits}; keep the layer float with filter_fn, lower the bits "
+                f"or leave conv_bits at {MAX_K_CONV}"
             )
-        w = QuantSpec(IntFormat(self.w_bits + 1), PerTensor(), fixed_amax=1.0)
-        a = QuantSpec(IntFormat(self.a_bits + 1), PerTensor(), fixed_amax=1.0)
-        if self.g_bits is None:
+        if (w_bits, a_bits, g_bits) != (self.w_bits, self.a_bits, self.g_bits):
+            warnings.warn(f"dorefa: Conv2d layers run k = {w_bits}/{a_bits}/{g_bits} (w/a/g) instead of "
+                          f"{self.w_bits}/{self.a_bits}/{self.g_bits}: integer convolutions take at most "
+                          f"{MAX_K_CONV}-bit DoReFa codes (conv_bits); Linear layers keep the requested k",
+                          UserWarning, stacklevel=2)
+        w = QuantSpec(IntFormat(w_bits + 1), PerTensor(), fixed_amax=1.0)
+        a = QuantSpec(IntFormat(a_bits + 1), PerTensor(), fixed_amax=1.0)
+        if g_bits is None:
             float_gemm = GemmPrecision(w, w, integer=False)
             return LayerPrecision(forward=GemmPrecision(a, w), grad_input=float_gemm, grad_weight=float_gemm)
-        g = QuantSpec(IntFormat(self.g_bits + 1), PerTensor())
+        g = QuantSpec(IntFormat(g_bits + 1), PerTensor())
         return LayerPrecision(forward=GemmPrecision(a, w), grad_input=GemmPrecision(g, w), grad_weight=GemmPrecision(g, a))
 
     def hooks_for(self, module: nn.Module, fqn: str) -> LayerHooks:
-        return _DoReFaHooks(self.w_bits, self.a_bits, self.g_bits)
+        return _DoReFaHooks(*self.layer_bits(module))
 
     def layer_filter(self, model: nn.Module):
         if not self.first_last_float:

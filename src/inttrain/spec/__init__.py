@@ -17,10 +17,12 @@ from .formats import (
     ScaleKind,
     UnsupportedFormatError,
 )
+from .errors import CheckpointError, ConfigError, DataError, InttrainError, LimitError, ModelFormatError
 from .precision import GemmPrecision, LayerPrecision
 
 __all__ = [
     "MAX_BITS", "MIN_BITS", "PER_COLUMN", "PER_ROW", "PER_TENSOR", "Granularity", "IntFormat", "Overflow",
     "PerBlock", "PerChannel", "PerTensor", "QuantSpec", "Rounding", "ScaleKind", "UnsupportedFormatError",
     "GemmPrecision", "LayerPrecision",
+    "InttrainError", "DataError", "ConfigError", "CheckpointError", "ModelFormatError", "LimitError",
 ]

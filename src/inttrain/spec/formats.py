@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Union
 
+from .errors import InttrainError
+
 __all__ = [
     "MIN_BITS",
     "MAX_BITS",
@@ -36,7 +38,7 @@ MIN_BITS = 2
 MAX_BITS = 16
 
 
-class UnsupportedFormatError(ValueError):
+class UnsupportedFormatError(InttrainError):
     """A bit width, granularity or mode that inttrain cannot represent or compute with."""
 
 

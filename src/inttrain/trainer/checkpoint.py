@@ -29,8 +29,7 @@ __all__ = ["CheckpointError", "checkpoint_paths", "save_checkpoint", "load_check
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, truncated, corrupt or inconsistent; the message names the file."""
+from inttrain.spec.errors import CheckpointError  # noqa: E402 - re-exported: the trainer's name for it
 
 
 def checkpoint_paths(folder: str | Path, name: str) -> tuple[Path, Path]:
@@ -83,6 +82,9 @@ def save_checkpoint(folder: str | Path, name: str, weights: dict[str, Tensor], s
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     w_path, s_path = checkpoint_paths(folder, name)
+    for p in (w_path, s_path):  # temp files of a save that was killed: never read, removed here
+        for stale in folder.glob(f".{p.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
     # safetensors refuses shared / non-contiguous storage: give it private contiguous copies.
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in weights.items()}
     w_tmp = _atomic_write(w_path, lambda p: save_file(tensors, p))

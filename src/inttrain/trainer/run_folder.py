@@ -40,11 +40,19 @@ def write_yaml_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_metrics(folder: str | Path) -> list[dict[str, Any]]:
-    """Rows of ``metrics.jsonl`` (missing file: no rows)."""
+    """Rows of ``metrics.jsonl`` (missing file: no rows); lines that are not rows are skipped."""
     path = Path(folder) / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_bytes().decode("utf-8", "replace").splitlines():
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue  # a line cut short by a kill (or damaged): not a row; resume rewrites the file without it
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("epoch"), int):
+            rows.append(row)
+    return rows
 
 
 def _finite_or_none(v: float | None) -> float | None:
@@ -63,6 +71,9 @@ class RunFolder(TrainHooks):
         self.tb: TensorBoardScalars | None = None
         #: Called for every row; returns values of the schedule/cost columns (forward_bits, grad_bits, gbitops).
         self.extra: Callable[[], dict[str, Any]] | None = None
+        #: What the model was trained on (classes, input shape, normalisation): saved with every checkpoint
+        #: so ``inttrain eval --data-dir OTHER`` standardises other data exactly as training did.
+        self.data_info: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ files
     def create(self) -> None:
@@ -140,7 +151,8 @@ class RunFolder(TrainHooks):
 
     def save(self, name: str, snapshot: Callable[[], tuple[dict[str, Tensor], dict[str, Any]]]) -> None:
         weights, state = snapshot()
-        save_checkpoint(self.checkpoints, name, weights, {**state, "config": self.config})
+        extra = {"data": self.data_info} if self.data_info is not None else {}
+        save_checkpoint(self.checkpoints, name, weights, {**state, "config": self.config, **extra})
 
     def should_stop(self) -> bool:
         return self.stop
