@@ -39,6 +39,9 @@ class RunConfig:
     max_consecutive_skips: int = 10
     augment: str = "none"  # image batches: "crop-flip" (pad 4, random crop, horizontal flip; the CIFAR standard)
     dataflow: bool = False  # integer recipes: int8 activations between layers (inttrain.prepare_(..., dataflow=True))
+    # torch.compile the training step; None (auto): integer recipes without dataflow or --nproc, unless
+    # INTTRAIN_COMPILE=0 (inttrain.trainer.compiled.auto_compile).
+    compile: bool | None = None
     val_fraction: float | None = None  # held out when the data has no test split (None: 0.2; text: 0.1)
     # Text / gpt-small only: context length and model size (None: gpt-small's benchmark defaults).
     seq_len: int = 64

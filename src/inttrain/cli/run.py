@@ -262,6 +262,7 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
     folder.data_info = data_info(p.splits)
     # Resume: TensorBoard drops what the interrupted leg logged after its checkpoint.
     folder.open_tensorboard(None if resume_from is None else int(resume_from[1]["train_state"]["step"]) + 1)
+    use_compile = _use_compile(cfg, p, dp)
     try:
         with stop_on_signals(on_stop):
             result = train(
@@ -269,7 +270,8 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
                 optimizer=cfg.optimizer, seed=cfg.seed, log=folder.log, max_consecutive_skips=cfg.max_consecutive_skips,
                 recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
                 resume_from=resume_from, augment=cfg.augment, precision_scheduler=p.scheduler, cost_counter=counter,
-                data_parallel=dp, save_every=cfg.save_every, dclr=cfg.dclr, **({"progress": False} if isinstance(folder, SilentFolder) else {}),
+                data_parallel=dp, save_every=cfg.save_every, dclr=cfg.dclr, compile=use_compile,
+                **({"progress": False} if isinstance(folder, SilentFolder) else {}),
             )
     finally:
         folder.close()
@@ -597,3 +599,14 @@ def resume_run(run_dir: Path, epochs: int | None, max_steps: int | None, threads
     finally:
         if env is not None:
             _finish_ranks()
+
+
+def _use_compile(cfg: RunConfig, p: Any, dp: Any) -> bool:
+    """``--compile/--no-compile``, or the measured-fastest default (inttrain.trainer.compiled.auto_compile)."""
+    if cfg.compile is not None:
+        return cfg.compile
+    from inttrain.api import get_config
+    from inttrain.trainer.compiled import auto_compile
+
+    recipe = get_config(p.recipe_config if p.recipe_config is not None else cfg.recipe)
+    return auto_compile(recipe.converts_layers(), cfg.dataflow, dp is not None)[0]

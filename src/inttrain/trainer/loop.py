@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from inttrain.data import DatasetSplits
 
 from .augment import augment_batch
+from .compiled import CompiledForward
 from .progress import Progress
 from .recipe_training import build_recipe_optimizer, layer_hook_state, load_layer_hook_state
 from .recipes import apply_recipe, autocast_for
@@ -237,6 +238,7 @@ def train(
     data_parallel: Any = None,
     save_every: int | None = None,
     dclr: bool = True,
+    compile: bool = False,
 ) -> RunResult:
     """Train ``model`` on ``splits`` in place and return per-epoch statistics.
 
@@ -262,6 +264,8 @@ def train(
     trains on its equal share of it; logged losses are global means, and all ranks skip/stop at
     the same steps. Checkpoints (``hooks.save``) equal those of a single-process run.
     ``save_every``: also save ``last`` every that many steps (resume / elastic-restart points).
+    ``compile``: run the training forward (and so backward) through ``torch.compile``
+    (:class:`inttrain.trainer.compiled.CompiledForward`: first-step compile time logged, eager fallback).
     The recipe's own optimizer parts apply (:mod:`inttrain.trainer.recipe_training`: ``unified-int8``'s
     per-layer DCLR learning rates unless ``dclr=False``, ``wageubn``'s WageubnSGD), and its per-layer
     state (DSGC clip ratios, counters, deviations) is saved in checkpoints and restored on resume.
@@ -310,6 +314,7 @@ def train(
                 log(note)
         hooks = dp.wrap_hooks(hooks)  # `last` checkpoints carry every rank's comm state
 
+    step_net: Callable[[Tensor], Tensor] = CompiledForward(net, log) if compile else net
     n = len(splits.train)
     lm = splits.task == "lm"
     # Full batches only (every step the same shape: comparable step times, no
@@ -364,7 +369,7 @@ def train(
                 # BatchNorm statistics change in the forward; a skipped step must not keep them.
                 buffers = [t.clone() for t in model.buffers()]
                 with autocast_for(recipe, dev):
-                    logits = net(x)
+                    logits = step_net(x)
                 loss = _loss(logits, y)
                 problem = None
                 # Data parallel: the global mean (one all-reduce; non-finite on all ranks if on any).

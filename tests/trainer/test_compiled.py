@@ -1,0 +1,33 @@
+"""The trainer's compiled forward: the default rule, and the eager fallback with one message."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inttrain.trainer import compiled
+from inttrain.trainer.compiled import CompiledForward, auto_compile
+
+
+def test_auto_compile_rule(monkeypatch) -> None:
+    monkeypatch.setenv("INTTRAIN_COMPILE", "1")
+    assert auto_compile(True, False, False) == (True, "integer layers")
+    assert auto_compile(False, False, False)[0] is False  # float recipes
+    assert auto_compile(True, True, False)[0] is False  # dataflow
+    assert auto_compile(True, False, True)[0] is False  # data parallel
+    monkeypatch.setenv("INTTRAIN_COMPILE", "0")
+    assert auto_compile(True, False, False) == (False, "INTTRAIN_COMPILE=0")
+
+
+def test_compile_failure_falls_back_to_eager_with_one_message(monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler here\nsecond line")
+
+    monkeypatch.setattr(compiled.torch, "compile", lambda model: broken)
+    model = nn.Linear(3, 2)
+    lines: list[str] = []
+    fwd = CompiledForward(model, lines.append)
+    x = torch.randn(4, 3)
+    for _ in range(3):
+        assert torch.equal(fwd(x), model(x))
+    assert lines == ["torch.compile failed (RuntimeError: no C++ compiler here); training eagerly (--no-compile to skip)"]
