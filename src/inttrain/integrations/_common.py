@@ -18,6 +18,21 @@ from inttrain.recipes import RecipeConfig
 __all__ = ["recipe_name", "convert", "recipe_state", "load_recipe_state", "KernelCounts"]
 
 
+class RecipeSettings:
+    """What both framework callbacks are given.
+
+    Args:
+        recipe: a recipe name (``"int8"``, ``"unified-int8"``...) or config object; ``"fp32"`` changes nothing.
+        dataflow: int8 activations between layers (see :func:`inttrain.prepare_`).
+        **prepare_kwargs: passed on to :func:`inttrain.prepare_` (e.g. ``filter_fn``).
+    """
+
+    def __init__(self, recipe: str | RecipeConfig = "int8", dataflow: bool = False, **prepare_kwargs: Any) -> None:
+        self.recipe, self.name = recipe, recipe_name(recipe)
+        self.dataflow, self.prepare_kwargs = dataflow, prepare_kwargs
+        self.report = None
+
+
 def recipe_name(recipe: str | RecipeConfig) -> str:
     """The recipe's name; ValueError for unknown names and for bf16 (the framework's own autocast does that)."""
     if isinstance(recipe, str) and recipe == "bf16":

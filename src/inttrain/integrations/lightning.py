@@ -23,24 +23,19 @@ from lightning.pytorch.callbacks import Callback
 
 from inttrain.recipes import RecipeConfig
 
-from ._common import KernelCounts, convert, load_recipe_state, recipe_name, recipe_state
+from ._common import RecipeSettings, KernelCounts, convert, load_recipe_state, recipe_name, recipe_state
 
 __all__ = ["IntTrainCallback"]
 
 
-class IntTrainCallback(Callback):
+class IntTrainCallback(RecipeSettings, Callback):
     """Convert the LightningModule for ``recipe`` before training (see the module docstring).
 
-    Args:
-        recipe: a recipe name (``"int8"``, ``"unified-int8"``...) or config object; ``"fp32"`` changes nothing.
-        dataflow: int8 activations between layers (see :func:`inttrain.prepare_`).
-        **prepare_kwargs: passed on to :func:`inttrain.prepare_` (e.g. ``filter_fn``).
+    Arguments: see :class:`inttrain.integrations._common.RecipeSettings`.
     """
 
     def __init__(self, recipe: str | RecipeConfig = "int8", dataflow: bool = False, **prepare_kwargs: Any) -> None:
-        self.recipe, self.name = recipe, recipe_name(recipe)
-        self.dataflow, self.prepare_kwargs = dataflow, prepare_kwargs
-        self.report = None
+        RecipeSettings.__init__(self, recipe, dataflow, **prepare_kwargs)
         self._pending: dict[str, Any] | None = None
         self._counts: KernelCounts | None = None
         self._module: L.LightningModule | None = None  # Lightning gives state_dict() no module: the converted one

@@ -25,7 +25,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from inttrain.recipes import RecipeConfig
 
-from ._common import KernelCounts, convert, load_recipe_state, recipe_name, recipe_state
+from ._common import RecipeSettings, KernelCounts, convert, load_recipe_state, recipe_name, recipe_state
 
 __all__ = ["IntTrainCallback", "STATE_FILE"]
 
@@ -37,19 +37,14 @@ def _checkpoint_dir(args: TrainingArguments, state: TrainerState) -> str:
     return os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
 
 
-class IntTrainCallback(TrainerCallback):
+class IntTrainCallback(RecipeSettings, TrainerCallback):
     """Convert the Trainer's model for ``recipe`` (see the module docstring).
 
-    Args:
-        recipe: a recipe name (``"int8"``, ``"unified-int8"``...) or config object; ``"fp32"`` changes nothing.
-        dataflow: int8 activations between layers (see :func:`inttrain.prepare_`).
-        **prepare_kwargs: passed on to :func:`inttrain.prepare_` (e.g. ``filter_fn``).
+    Arguments: see :class:`inttrain.integrations._common.RecipeSettings`.
     """
 
     def __init__(self, recipe: str | RecipeConfig = "int8", dataflow: bool = False, **prepare_kwargs: Any) -> None:
-        self.recipe, self.name = recipe, recipe_name(recipe)
-        self.dataflow, self.prepare_kwargs = dataflow, prepare_kwargs
-        self.report = None
+        RecipeSettings.__init__(self, recipe, dataflow, **prepare_kwargs)
         self._counts = KernelCounts()
 
     def _convert(self, model) -> None:
