@@ -74,6 +74,23 @@ def _dx_from_forward_codes(dy2, qw, sw, dy_spec, seed):
     return dequant_epilogue(int_mm(qg, qw, reuse_output=True), sg, sg.new_ones((1, 1)))
 
 
+def _reuses_activation_codes(prec: LayerPrecision) -> bool:
+    """Whether a compiled step computes dW from the forward's codes of x (same activation format both ways)."""
+    return (torch.compiler.is_compiling() and prec.forward.integer and prec.grad_weight.integer
+            and prec.forward.lhs == prec.grad_weight.rhs)
+
+
+def _dw_from_forward_codes(dy2, qx, sx, dy_spec, seed):
+    """``dW = dy^T x`` with the forward's codes ``x = sx * qx`` (``sx``: one scale per row, [rows, 1]).
+
+    The row scales lie along this GEMM's reduction (rows), so they are folded into the output gradient:
+    ``dy^T x = (dy * sx)^T qx``; ``dy * sx`` is quantized per column (output feature) as ``dy`` would be.  The
+    forward then quantizes x once instead of twice (per row, and per column for dW).
+    """
+    qg, sg = quantize_matrix(dy2 * sx, dy_spec, 1, seed=seed)
+    return dequant_epilogue(int_mm(qg.t(), qx, reuse_output=True), sg.t(), sg.new_ones((1, 1)))
+
+
 class _IntLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, prec: LayerPrecision, seeds: GemmSeeds, grad_hook=None, emit_int8=False):
@@ -102,11 +119,16 @@ class _IntLinearFn(torch.autograd.Function):
             y = torch.nn.functional.linear(x2.float(), weight.float(), None if bias is None else bias.float())
         # Compiled steps keep the forward's weight codes for dx = dy W (see _dx_from_forward_codes).
         ctx.fold_w = fwd.integer and _reuses_weight_codes(prec) and ctx.needs_input_grad[0]
+        ctx.x_rows_folded = False
         w_extra = (qw, sw) if ctx.fold_w else ()
         if not ctx.needs_input_grad[1]:  # inference / frozen weight: no dW, nothing to keep
             save_with_seeds(ctx, seeds, weight, *w_extra)
         elif codes is not None:  # the int8 input is the activation: its (shared, uint8) codes serve dW = dy^T x
             save_with_seeds(ctx, seeds, weight, codes[0], codes[1].reshape(1, 1), *w_extra)
+        elif gw.integer and fwd.integer and _reuses_activation_codes(prec):
+            # the forward's codes of x serve dW = dy^T x as well; x's row scales fold into dy in backward
+            save_with_seeds(ctx, seeds, weight, qx, sx, *w_extra)
+            ctx.x_rows_folded = True
         elif gw.integer:  # keep int8 codes of x for dW = dy^T x (quantized along its in-feature axis)
             qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=seeds[2] ^ 0x5BD1E995)
             save_with_seeds(ctx, seeds, weight, qx_gw, sx_gw, *w_extra)
@@ -137,16 +159,19 @@ class _IntLinearFn(torch.autograd.Function):
                 qx, sx = saved
                 if ctx.x_shifted:
                     qx = _signed(qx)
-                if torch.compiler.is_compiling():
+                if ctx.x_rows_folded:
+                    dw = _dw_from_forward_codes(dy2, qx, sx, prec.grad_weight.lhs, seeds[2])
+                elif torch.compiler.is_compiling():
                     # Inductor's transposed int8 store is slow; the GEMM reads the row-major codes as dy^T (a
                     # column-major view) at no cost.  Same codes: the rounding hash indexes dy, not dy^T.
                     qg, sg = quantize_matrix(dy2, prec.grad_weight.lhs, 1, seed=seeds[2])
                     qg, sg = qg.t(), sg.t()
                 else:
                     qg, sg = quantize_matrix(dy2, prec.grad_weight.lhs, 1, transpose=True, seed=seeds[2])
-                if not is_finite(sg):  # amax propagates inf/NaN, so this tiny check covers all of dy
-                    return _non_finite_grads(ctx, weight)
-                dw = dequant_epilogue(int_mm(qg, qx, reuse_output=True), sg, sx)
+                if not ctx.x_rows_folded:
+                    if not is_finite(sg):  # amax propagates inf/NaN, so this tiny check covers all of dy
+                        return _non_finite_grads(ctx, weight)
+                    dw = dequant_epilogue(int_mm(qg, qx, reuse_output=True), sg, sx)
             else:
                 dw = dy2.t() @ saved[0].float()
             dw = dw.to(weight.dtype)
