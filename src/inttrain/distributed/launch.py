@@ -91,6 +91,9 @@ def _attempt(args: list[str], nproc: int, timeout_s: float, threads_per_rank: in
             if first_failure is None:
                 bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0) and not _by_signal(c, got)]
                 if bad:
+                    # Several ranks seen failed in one poll: the culprit exited first, and its peers then failed
+                    # in a collective with the generic exit code 1, so a rank with another code is named first.
+                    bad.sort(key=lambda rank_code: rank_code[1] == 1)
                     first_failure = (*bad[0], time.monotonic())
             if first_failure is not None and (kill_at_once or time.monotonic() - first_failure[2] > timeout_s + 10):
                 for r, p in enumerate(procs):
