@@ -29,6 +29,15 @@ def _geom(stride: list[int], padding: list[int], dilation: list[int], groups: in
     return ConvGeometry(tuple(stride), tuple(padding), tuple(dilation), groups)
 
 
+def _geom_args(geom: ConvGeometry) -> tuple:
+    """A ConvGeometry as the operators' trailing ``stride, padding, dilation, groups`` arguments."""
+    return list(geom.stride), list(geom.padding), list(geom.dilation), geom.groups
+
+
+def _shape(size) -> list[int]:
+    return [int(v) for v in size]
+
+
 # ------------------------------------------------------------------------------------------ int8 GEMM
 
 
@@ -75,8 +84,7 @@ def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor,
     """:func:`inttrain.kernels.conv.conv2d_forward_u8`; one graph node when compiling (float32, channels-last)."""
     if not torch.compiler.is_compiling():
         return conv_kernels.conv2d_forward_u8(xu8, x_scale, wq, w_scale, geom)
-    return torch.ops.inttrain.conv2d_forward_u8(xu8, x_scale, wq, w_scale, list(geom.stride), list(geom.padding),
-                                                list(geom.dilation), geom.groups)
+    return torch.ops.inttrain.conv2d_forward_u8(xu8, x_scale, wq, w_scale, *_geom_args(geom))
 
 
 @torch.library.custom_op("inttrain::conv2d_input_grad_u8", mutates_args=())
@@ -97,9 +105,7 @@ def conv2d_input_grad_u8(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tens
     """:func:`inttrain.kernels.conv.conv2d_input_grad_u8`; one graph node when compiling (channels-last)."""
     if not torch.compiler.is_compiling():
         return conv_kernels.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, input_shape, geom)
-    return torch.ops.inttrain.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, [int(v) for v in input_shape],
-                                                   list(geom.stride), list(geom.padding), list(geom.dilation),
-                                                   geom.groups)
+    return torch.ops.inttrain.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, _shape(input_shape), *_geom_args(geom))
 
 
 @torch.library.custom_op("inttrain::conv2d_weight_grad", mutates_args=())
@@ -120,6 +126,4 @@ def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor,
     """:func:`inttrain.kernels.conv.conv2d_weight_grad`; one graph node when compiling (float32, contiguous)."""
     if not torch.compiler.is_compiling():
         return conv_kernels.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
-    return torch.ops.inttrain.conv2d_weight_grad(gq, g_scale, xq, x_scale, [int(v) for v in weight_shape],
-                                                 list(geom.stride), list(geom.padding), list(geom.dilation),
-                                                 geom.groups)
+    return torch.ops.inttrain.conv2d_weight_grad(gq, g_scale, xq, x_scale, _shape(weight_shape), *_geom_args(geom))
