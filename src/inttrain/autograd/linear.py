@@ -74,6 +74,16 @@ def _dx_from_forward_codes(dy2, qw, sw, dy_spec, seed):
     return dequant_epilogue(int_mm(qg, qw, reuse_output=True), sg, sg.new_ones((1, 1)))
 
 
+def _dy_transposed_codes(dy2, spec, seed):
+    """Codes and scale of ``dy^T``, the lhs of ``dW = dy^T x`` (one scale per output feature)."""
+    if torch.compiler.is_compiling():
+        # Inductor's transposed int8 store is slow; the GEMM reads the row-major codes as dy^T (a column-major
+        # view) at no cost.  Same codes: the rounding hash indexes dy, not dy^T.
+        qg, sg = quantize_matrix(dy2, spec, 1, seed=seed)
+        return qg.t(), sg.t()
+    return quantize_matrix(dy2, spec, 1, transpose=True, seed=seed)
+
+
 def _reuses_activation_codes(prec: LayerPrecision) -> bool:
     """Whether a compiled step computes dW from the forward's codes of x (same activation format both ways)."""
     return (torch.compiler.is_compiling() and prec.forward.integer and prec.grad_weight.integer
@@ -161,14 +171,8 @@ class _IntLinearFn(torch.autograd.Function):
                     qx = _signed(qx)
                 if ctx.x_rows_folded:
                     dw = _dw_from_forward_codes(dy2, qx, sx, prec.grad_weight.lhs, seeds[2])
-                elif torch.compiler.is_compiling():
-                    # Inductor's transposed int8 store is slow; the GEMM reads the row-major codes as dy^T (a
-                    # column-major view) at no cost.  Same codes: the rounding hash indexes dy, not dy^T.
-                    qg, sg = quantize_matrix(dy2, prec.grad_weight.lhs, 1, seed=seeds[2])
-                    qg, sg = qg.t(), sg.t()
                 else:
-                    qg, sg = quantize_matrix(dy2, prec.grad_weight.lhs, 1, transpose=True, seed=seeds[2])
-                if not ctx.x_rows_folded:
+                    qg, sg = _dy_transposed_codes(dy2, prec.grad_weight.lhs, seeds[2])
                     if not is_finite(sg):  # amax propagates inf/NaN, so this tiny check covers all of dy
                         return _non_finite_grads(ctx, weight)
                     dw = dequant_epilogue(int_mm(qg, qx, reuse_output=True), sg, sx)

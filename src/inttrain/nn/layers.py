@@ -49,8 +49,8 @@ class IntLayerMixin:
         module.precision, module.seed, module.layer_id = precision, int(seed), int(layer_id)
         # The stochastic-rounding call counter lives in a (non-persistent) buffer, not a Python int: a
         # compiled step then increments it inside the graph instead of recompiling for every new value.
-        ref = module.weight
-        module.register_buffer("sr_calls", torch.zeros((), dtype=torch.int64, device=ref.device), persistent=False)
+        module.register_buffer("sr_calls", torch.zeros((), dtype=torch.int64, device=module.weight.device),
+                               persistent=False)
         return module
 
     @property
