@@ -126,6 +126,7 @@ def train_cmd(
     dclr: Annotated[Optional[bool], typer.Option("--dclr/--no-dclr", help="unified-int8: deviation-counteractive per-layer learning-rate scaling (Zhu et al. 2020, Eq. 10). \\[default: on]")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="torch.compile the training step (one graph, integer kernels as nodes; first-step compile time is logged; eager fallback with a message). \\[default: on for integer recipes without --dataflow or --nproc; off with INTTRAIN_COMPILE=0]")] = None,
     dataflow: Annotated[Optional[bool], typer.Option("--dataflow/--no-dataflow", help="Integer recipes: int8 activations flow between layers and are saved in int8 for backward (~4x less activation memory; docs/dataflow.md). \\[default: off]")] = None,
+    probe_every: Annotated[Optional[int], typer.Option("--probe-every", help="Integer recipes: every N steps, the SQNR (dB) of each integer layer's forward, grad-input and grad-weight GEMM against float64 on one fixed batch, to RUN_DIR/probe.csv (`inttrain plot` draws probe.png). \\[default: off]")] = None,
 ) -> None:
     """Train one model with one recipe into a run folder (config, metrics, log, checkpoints).
 
@@ -138,7 +139,8 @@ def train_cmd(
                  batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads,
                  max_steps=max_steps, log_every=log_every, seq_len=seq_len, augment=augment, schedule=schedule,
                  nproc=nproc, comm=comm, dist_timeout=dist_timeout,
-                 sync_bn=sync_bn, max_restarts=max_restarts, save_every=save_every, dclr=dclr, dataflow=dataflow, compile=compile)
+                 sync_bn=sync_bn, max_restarts=max_restarts, save_every=save_every, dclr=dclr, dataflow=dataflow, compile=compile,
+                 probe_every=probe_every)
     cfg = resolve_config(config, list(set_ or []), flags)
     code = start_run(cfg, out)
     if code:

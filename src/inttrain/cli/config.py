@@ -71,6 +71,9 @@ class RunConfig:
     save_every: int | None = None  # also save checkpoints/last every this many steps (restart/resume points)
     # unified-int8: deviation-counteractive per-layer LR scaling (Zhu et al. CVPR 2020, Eq. 10); false: plain lr.
     dclr: bool = True
+    # Numerics probe (issue 16): every this many steps, per integer layer and GEMM the SQNR of the integer result
+    # against float64 on one fixed batch, appended to RUN_DIR/probe.csv (inttrain.trainer.probe).
+    probe_every: int | None = None
     # Limits judged before reading data or building the model (inttrain.data.limits; README "Reliability").
     max_memory_gb: float | None = None  # data + model + activations; None: 80% of physical memory
     max_classes: int = 10_000
@@ -84,7 +87,7 @@ UPPER: dict[str, float] = {
     "epochs": 10**6, "batch_size": 1 << 24, "lr": 1e6, "threads": 4096, "max_steps": 10**12,
     "log_every": 10**9, "max_consecutive_skips": 10**9, "val_fraction": 1.0, "seq_len": 1 << 20, "d_model": 1 << 16,
     "n_layers": 1024, "n_heads": 1024, "schedule_cycles": 10**6, "schedule_window": 10**9, "schedule_threshold": 1e6, "schedule_target_cost": 1e3,
-    "schedule_cost_weight": 1e6, "nproc": 1024, "dist_timeout": 1e7, "max_restarts": 1000, "save_every": 10**12,
+    "schedule_cost_weight": 1e6, "nproc": 1024, "dist_timeout": 1e7, "max_restarts": 1000, "save_every": 10**12, "probe_every": 10**12,
     "max_memory_gb": 1 << 20, "max_classes": 1 << 24, "max_image_side": 1 << 16, "seed": 2**63 - 1,
 }
 #: Config files are a screenful of keys: anything far larger or deeper is not a config.

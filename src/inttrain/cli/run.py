@@ -92,7 +92,13 @@ def validate_config(cfg: RunConfig) -> Any:
         if value is not None and value < 1:
             raise UsageProblem(f"--set {key}", f"{value} must be > 0")
     check_choice("--comm", cfg.comm, ("fp32", "int8"))
-    _check_positive(nproc=cfg.nproc, dist_timeout=cfg.dist_timeout, save_every=cfg.save_every)
+    _check_positive(nproc=cfg.nproc, dist_timeout=cfg.dist_timeout, save_every=cfg.save_every,
+                    probe_every=cfg.probe_every)
+    from inttrain.trainer import FLOAT_RECIPES
+
+    if cfg.probe_every is not None and cfg.recipe in FLOAT_RECIPES:
+        raise UsageProblem("--probe-every", f"{cfg.probe_every}: recipe {cfg.recipe!r} has no integer layers to probe; "
+                                            "use an integer recipe such as int8")
     if cfg.max_restarts < 0:
         raise UsageProblem("--max-restarts", f"{cfg.max_restarts} must be >= 0")
     if cfg.batch_size % cfg.nproc:
@@ -262,6 +268,11 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
 
     folder.extra = extra
     folder.data_info = data_info(p.splits)
+    if cfg.probe_every is not None and not isinstance(folder, SilentFolder):
+        from inttrain.trainer.probe import ProbeLog
+
+        x, y = p.splits.train[:cfg.batch_size]  # one fixed, unaugmented batch: rows differ by the weights only
+        folder.probe = ProbeLog(p.model, x, y, cfg.probe_every, folder.root)
     # Resume: TensorBoard drops what the interrupted leg logged after its checkpoint.
     folder.open_tensorboard(None if resume_from is None else int(resume_from[1]["train_state"]["step"]) + 1)
     use_compile = _use_compile(cfg, p, dp)

@@ -74,6 +74,8 @@ class RunFolder(TrainHooks):
         #: What the model was trained on (classes, input shape, normalisation): saved with every checkpoint
         #: so ``inttrain eval --data-dir OTHER`` standardises other data exactly as training did.
         self.data_info: dict[str, Any] | None = None
+        #: Called with the step number after every taken step (``--probe-every``: :class:`inttrain.trainer.probe.ProbeLog`).
+        self.probe: Callable[[int], None] | None = None
 
     # ------------------------------------------------------------------ files
     def create(self) -> None:
@@ -95,6 +97,9 @@ class RunFolder(TrainHooks):
             w = csv.writer(f)
             w.writerow(METRIC_FIELDS)
             w.writerows([["" if r.get(k) is None else r[k] for k in METRIC_FIELDS] for r in rows])
+        from .probe import truncate_probe
+
+        truncate_probe(self.root, step)
 
     def open_tensorboard(self, purge_step: int | None = None) -> None:
         """Start mirroring rows to ``tb/`` (if tensorboard is installed); ``purge_step`` on resume."""
@@ -122,6 +127,8 @@ class RunFolder(TrainHooks):
     # ------------------------------------------------------------------ hooks
     def on_step(self, state: TrainState, loss: float | None, lr: float, seconds: float) -> None:
         self._step_times.append(seconds)
+        if self.probe is not None and loss is not None:
+            self.probe(state.step)
         if state.step % self.log_every == 0 or loss is None:
             times, self._step_times = self._step_times, []
             self._row({
