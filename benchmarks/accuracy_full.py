@@ -49,7 +49,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))  # accuracy.py's split helper
@@ -99,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="Torch threads per job (one job per core). [1]")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile the step (auto: as `inttrain train` decides). [auto]")
+    p.add_argument("--probe-every", type=int, help="Also run the numerics probe every N steps (RUN/probe.csv).")
     p.add_argument("--variants", default=",".join(VARIANTS), help="Comma-separated subset. [all]")
     p.add_argument("--seeds", type=int, help="Seeds per variant for all variants (default: 3 or 2, see VARIANTS).")
     p.add_argument("--only", help="VARIANT:SEED: run this job only (resuming it if it has a checkpoint).")
@@ -119,6 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--only {args.only!r}: expected VARIANT:SEED with VARIANT in {', '.join(VARIANTS)}")
         args.only = (name, int(seed))
     args.out = Path(args.out)
+    args.headline = "final_val_accuracy"  # what --list shows of a finished job
     args.runs = Path(args.runs) if args.runs else args.out / "runs"
     return args
 
@@ -180,9 +182,8 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def done_jobs(args: argparse.Namespace) -> dict[tuple[str, int], dict[str, Any]]:
-    """Jobs with a row at these settings (the latest row wins); skipped ones only without --retry-skipped."""
-    want = settings(args)
+def done_jobs(args: argparse.Namespace, want: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Jobs with a row at settings ``want`` (the latest row wins); skipped ones only without --retry-skipped."""
     done = {}
     for row in read_rows(args.out):
         if row.get("settings") == want and (row.get("status") == "done" or not args.retry_skipped):
@@ -210,7 +211,7 @@ def claim(args: argparse.Namespace, job: tuple[str, int]) -> Iterator[bool]:
 def job_state(args: argparse.Namespace, job: tuple[str, int], done: dict) -> str:
     if job in done:
         row = done[job]
-        return ("done: val_acc {:.4f}".format(row["final_val_accuracy"]) if row.get("status") == "done"
+        return (f"done: {args.headline} {row[args.headline]:.4f}" if row.get("status") == "done"
                 else f"skipped: {row.get('reason', '')}")
     with claim(args, job) as free:
         running = not free
@@ -239,8 +240,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def trainer_knobs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """(RunConfig fields, extra ``train()`` keywords, knobs neither takes) for the issue's settings.
+def trainer_knobs(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(RunConfig fields, extra ``train()`` keywords, knobs neither takes) for the knob ``values``.
 
     A knob goes through the run config when ``RunConfig`` has it (then ``run_training`` passes it on), else
     straight to ``train()`` when its signature has it; a trainer with neither trains without it.
@@ -252,11 +253,11 @@ def trainer_knobs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, A
 
     accepted = inspect.signature(train).parameters
     via_cfg, via_train, missing = {}, {}, []
-    for k in KNOB_NAMES:
+    for k, v in values.items():
         if k in FIELD_NAMES:
-            via_cfg[k] = getattr(args, k)
+            via_cfg[k] = v
         elif k in accepted:
-            via_train[k] = getattr(args, k)
+            via_train[k] = v
         else:
             missing.append(k)
     return via_cfg, via_train, missing
@@ -264,12 +265,14 @@ def trainer_knobs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, A
 
 def run_config(args: argparse.Namespace, variant: str, seed: int, knob_fields: dict[str, Any]) -> Any:
     from inttrain.cli.config import RunConfig
+    from inttrain.trainer import FLOAT_RECIPES
 
     fields, _ = VARIANTS[variant]
+    probe = None if fields["recipe"] in FLOAT_RECIPES else args.probe_every  # float layers have nothing to probe
     return RunConfig(model=args.model, dataset="cifar10", data_dir=str(args.data), epochs=args.epochs,
                      batch_size=args.batch_size, lr=args.lr, optimizer="sgd", seed=seed, threads=args.threads,
                      augment=args.augment, val_fraction=None, log_every=25,
-                     compile={"auto": None, "on": True, "off": False}[args.compile],
+                     compile={"auto": None, "on": True, "off": False}[args.compile], probe_every=probe,
                      **fields, **knob_fields)
 
 
@@ -294,12 +297,6 @@ def integer_only_reason(args: argparse.Namespace, splits: Any) -> str:
 
 def run_job(args: argparse.Namespace, variant: str, seed: int, splits: Any) -> int:
     """Train (or resume) one job in its run folder; append its row when it finishes. Returns an exit code."""
-    import typer
-
-    from inttrain.cli import run as clirun
-    from inttrain.trainer import load_checkpoint
-    from inttrain.trainer.run_folder import RunFolder
-
     name = job_name(variant, seed)
     base = {"variant": variant, "seed": seed, "settings": settings(args)}
     if variant == "integer-only":
@@ -308,15 +305,49 @@ def run_job(args: argparse.Namespace, variant: str, seed: int, splits: Any) -> i
         append_row(args.out, {**base, "status": "skipped", "reason": reason})
         print(f"== {name}: skipped: {reason}", flush=True)
         return 0
-    knob_fields, knob_args, missing = trainer_knobs(args)
+    knob_fields, knob_args, missing = trainer_knobs({k: getattr(args, k) for k in KNOB_NAMES})
     cfg = run_config(args, variant, seed, knob_fields)
     folder_path = args.runs / name
+    code, resumed, started = train_in_folder(folder_path, cfg, splits, knob_args, name)
+    if code != 0:
+        return code  # stopped by a signal: `last` is saved, the job stays pending
+    summary = json.loads((folder_path / "summary.json").read_text())
+    epochs = [r for r in _metrics(folder_path) if r["kind"] == "epoch"]
+    append_row(args.out, {
+        **base, "status": "done", "recipe": cfg.recipe, "config": dataclasses.asdict(cfg),
+        "knobs_missing": missing,
+        "final_val_accuracy": summary["val_accuracy"], "best_val_accuracy": summary["best_val_accuracy"],
+        "final_val_loss": summary["val_loss"], "final_train_loss": epochs[-1]["loss"] if epochs else None,
+        "val_accuracies": [r["val_accuracy"] for r in epochs], "val_losses": [r["val_loss"] for r in epochs],
+        "train_losses": [r["loss"] for r in epochs],
+        "gbitops": epochs[-1].get("gbitops") if epochs else None,  # training BitOPs / 1e9 (integer recipes)
+        "steps": summary["steps"], "skipped_steps": summary["skipped_steps"],
+        "seconds_per_epoch": summary["seconds_per_epoch"], "time_per_step": summary["time_per_step"],
+        "seconds_last_leg": round(time.time() - started, 1), "resumed": resumed,
+        "cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })
+    return 0
+
+
+def train_in_folder(folder_path: Path, cfg: Any, splits: Any, train_args: dict[str, Any], name: str) -> tuple[int, bool, float]:
+    """Train ``cfg`` on ``splits`` in run folder ``folder_path``, resuming from its ``checkpoints/last``.
+
+    Returns (exit code of ``run_training``: 0 finished, 128+signal stopped; whether it resumed; start time).
+    """
+    import typer
+
+    from inttrain.cli import run as clirun
+    from inttrain.trainer import load_checkpoint
+    from inttrain.trainer.run_folder import RunFolder
+
     w_path, s_path = folder_path / "checkpoints" / "last.safetensors", folder_path / "checkpoints" / "last.state.pt"
     resume = None
     if s_path.is_file():
         resume = load_checkpoint(w_path, s_path)
-        saved = {k: v for k, v in resume[1]["config"].items() if k != "threads"}
-        mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "threads"}
+        volatile = ("threads", "probe_every")  # change speed or logging, not the trained numbers
+        saved = {k: v for k, v in resume[1]["config"].items() if k not in volatile}
+        mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in volatile}
         if saved != mine:
             diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
             raise SystemExit(f"error: {folder_path} was trained with other settings ({', '.join(diff)}); "
@@ -333,36 +364,18 @@ def run_job(args: argparse.Namespace, variant: str, seed: int, splits: Any) -> i
         ts = resume[1]["train_state"]
         folder.truncate_after(int(ts["step"]), int(ts["epoch"]))
         folder.log(f"resuming at step {ts['step']} (epoch {ts['epoch'] + 1}, batch {ts['position']})")
-    code = clirun.run_training(p, folder, resume_from=resume, train_args=knob_args)
-    if code != 0:
-        return code  # stopped by a signal: `last` is saved, the job stays pending
-    summary = json.loads((folder_path / "summary.json").read_text())
-    epochs = [r for r in _metrics(folder_path) if r["kind"] == "epoch"]
-    append_row(args.out, {
-        **base, "status": "done", "recipe": cfg.recipe, "config": dataclasses.asdict(cfg),
-        "knobs_missing": missing,
-        "final_val_accuracy": summary["val_accuracy"], "best_val_accuracy": summary["best_val_accuracy"],
-        "final_val_loss": summary["val_loss"], "final_train_loss": epochs[-1]["loss"] if epochs else None,
-        "val_accuracies": [r["val_accuracy"] for r in epochs], "val_losses": [r["val_loss"] for r in epochs],
-        "train_losses": [r["loss"] for r in epochs],
-        "gbitops": epochs[-1].get("gbitops") if epochs else None,  # training BitOPs / 1e9 (integer recipes)
-        "steps": summary["steps"], "skipped_steps": summary["skipped_steps"],
-        "seconds_per_epoch": summary["seconds_per_epoch"], "time_per_step": summary["time_per_step"],
-        "seconds_last_leg": round(time.time() - started, 1), "resumed": resume is not None,
-        "cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })
-    return 0
+    code = clirun.run_training(p, folder, resume_from=resume, train_args=train_args)
+    return code, resume is not None, started
 
 
-def work(args: argparse.Namespace) -> int:
-    jobs = [args.only] if args.only else all_jobs(args)
-    splits = None
+def work(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict[str, Any],
+         run: Callable[[tuple[str, int]], int]) -> int:
+    """Claim and ``run`` each pending job in turn (``args``: out, runs, only, max_jobs, retry_skipped)."""
     ran = 0
     for job in jobs:
         if args.max_jobs is not None and ran >= args.max_jobs:
             break
-        if job in done_jobs(args):  # re-read: another worker may have finished it meanwhile
+        if job in done_jobs(args, want):  # re-read: another worker may have finished it meanwhile
             if args.only:
                 print(f"{job_name(*job)}: already done at these settings (see {args.out / 'results.jsonl'})")
             continue
@@ -372,12 +385,9 @@ def work(args: argparse.Namespace) -> int:
                     print(f"{job_name(*job)}: another process is running it", file=sys.stderr)
                     return 1
                 continue
-            if job in done_jobs(args):
+            if job in done_jobs(args, want):
                 continue
-            if splits is None:
-                torch.set_num_threads(args.threads)
-                splits = load_splits(args)
-            code = run_job(args, *job, splits)
+            code = run(job)
             ran += 1
             if code != 0:
                 return code
@@ -524,12 +534,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(report(args), end="")
         return 0
+    jobs = [args.only] if args.only else all_jobs(args)
     if args.list:
-        done = done_jobs(args)
-        for job in ([args.only] if args.only else all_jobs(args)):
-            print(f"{job_name(*job):22s} {job_state(args, job, done)}")
+        list_jobs(args, jobs, settings(args))
         return 0
-    return work(args)
+    splits: list[Any] = []
+
+    def run(job: tuple[str, int]) -> int:
+        if not splits:  # loaded once, and only when some job is left to train
+            torch.set_num_threads(args.threads)
+            splits.append(load_splits(args))
+        return run_job(args, *job, splits[0])
+
+    return work(args, jobs, settings(args), run)
+
+
+def list_jobs(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict[str, Any]) -> None:
+    done = done_jobs(args, want)
+    for job in jobs:
+        print(f"{job_name(*job):22s} {job_state(args, job, done)}")
 
 
 if __name__ == "__main__":
