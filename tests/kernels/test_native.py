@@ -11,7 +11,7 @@ from inttrain.kernels import conv as K
 from inttrain.kernels import native
 from inttrain.kernels.conv_geometry import ConvGeometry
 
-needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.WGRAD.reason}")
+needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.LIBRARY.reason}")
 
 
 def _reference(gq: torch.Tensor, xq: torch.Tensor, shape: tuple, stride: int, pad: int, dil: int) -> torch.Tensor:
@@ -83,7 +83,7 @@ def test_conv_weight_grad_takes_the_native_path_and_matches_the_library_gemms(mo
 
 
 def test_missing_compiler_leaves_the_torch_path_with_a_reason(tmp_path: Path) -> None:
-    lib = native.NativeLibrary(native.WGRAD.source, compiler=str(tmp_path / "no-such-cc"))
+    lib = native.NativeLibrary(native.LIBRARY.source, compiler=str(tmp_path / "no-such-cc"))
     assert lib.load() is None
     assert lib.reason is not None and "no C compiler" in lib.reason
     assert lib.load() is None  # tried once, remembered

@@ -1,4 +1,4 @@
-"""Native int8 kernels where the library GEMMs leave speed on the table (see ``wgrad.c``).
+"""Native int8 kernels where the library GEMMs leave speed on the table (see ``conv.c``).
 
 The C source is compiled on first use with the machine's C compiler (plain C, no torch headers:
 about a second) into a shared library that :class:`NativeLibrary` owns, and called through
@@ -23,10 +23,10 @@ from torch import Tensor
 
 from ..workspace import scratch
 
-__all__ = ["NativeLibrary", "WGRAD", "available", "conv2d_weight_grad_int"]
+__all__ = ["NativeLibrary", "LIBRARY", "available", "conv2d_weight_grad_int"]
 
 _LOG = logging.getLogger(__name__)
-_SOURCE = Path(__file__).with_name("wgrad.c")
+_SOURCE = Path(__file__).with_name("conv.c")
 _FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-std=c11")
 
 
@@ -104,12 +104,12 @@ class NativeLibrary:
             return self._lib
 
 
-WGRAD = NativeLibrary(_SOURCE)
+LIBRARY = NativeLibrary(_SOURCE)
 
 
 def available() -> bool:
     """Whether the native weight-gradient kernel runs on this machine (builds it on first call)."""
-    return WGRAD.load() is not None
+    return LIBRARY.load() is not None
 
 
 def _int64_array(values: list[int]) -> ctypes.Array:
@@ -126,9 +126,9 @@ def conv2d_weight_grad_int(
     either shifted (uint8 q + 128, what the forward convolution consumed) or int8 q; any strides
     (channels-last is the fast layout).  Call only when :func:`available`.
     """
-    lib = WGRAD.load()
+    lib = LIBRARY.load()
     if lib is None:
-        raise RuntimeError(f"native kernels unavailable: {WGRAD.reason}")
+        raise RuntimeError(f"native kernels unavailable: {LIBRARY.reason}")
     if gq.dtype != torch.int8 or xu8.dtype not in (torch.uint8, torch.int8) or {gq.device.type, xu8.device.type} != {"cpu"}:
         raise TypeError(f"expected CPU int8 gradient and uint8/int8 input codes, got {gq.dtype} and {xu8.dtype}")
     co, ci, kh, kw = (int(v) for v in weight_shape)

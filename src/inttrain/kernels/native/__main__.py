@@ -2,9 +2,9 @@
 
 import sys
 
-from . import WGRAD, available
+from . import LIBRARY, available
 
 if available():
-    print(f"native kernels: {WGRAD.build()}")
+    print(f"native kernels: {LIBRARY.build()}")
 else:
-    print(f"native kernels unavailable, the torch kernels serve: {WGRAD.reason}", file=sys.stderr)
+    print(f"native kernels unavailable, the torch kernels serve: {LIBRARY.reason}", file=sys.stderr)
