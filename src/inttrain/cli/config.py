@@ -32,6 +32,14 @@ class RunConfig:
     batch_size: int = 32
     lr: float = 0.05
     optimizer: str = "sgd"
+    # Optimizer and lr knobs (inttrain.trainer.train): momentum/nesterov are sgd's (and wageubn's, without nesterov).
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    nesterov: bool = False
+    lr_schedule: str = "constant"  # constant, step (x0.1 at 50% and 75%), cosine (to 0) or onecycle (max lr = lr)
+    warmup_epochs: float = 0.0  # linear warm-up from 0 over this many epochs (fractions allowed)
+    clip_grad_norm: float | None = None  # clip the global gradient L2 norm to this before every step
+    train_limit: int | None = None  # train on the first N training samples only
     seed: int = 0
     threads: int | None = None
     max_steps: int | None = None  # stop (resumably) after this many steps
@@ -84,7 +92,8 @@ class RunConfig:
 #: (Lower bounds, bit widths and cross-field rules live in ``run.validate_config`` and the recipes, with their
 #: own messages.)
 UPPER: dict[str, float] = {
-    "epochs": 10**6, "batch_size": 1 << 24, "lr": 1e6, "threads": 4096, "max_steps": 10**12,
+    "epochs": 10**6, "batch_size": 1 << 24, "lr": 1e6, "weight_decay": 1e6,
+    "warmup_epochs": 10**6, "clip_grad_norm": 1e12, "train_limit": 1 << 40, "threads": 4096, "max_steps": 10**12,
     "log_every": 10**9, "max_consecutive_skips": 10**9, "val_fraction": 1.0, "seq_len": 1 << 20, "d_model": 1 << 16,
     "n_layers": 1024, "n_heads": 1024, "schedule_cycles": 10**6, "schedule_window": 10**9, "schedule_threshold": 1e6, "schedule_target_cost": 1e3,
     "schedule_cost_weight": 1e6, "nproc": 1024, "dist_timeout": 1e7, "max_restarts": 1000, "save_every": 10**12, "probe_every": 10**12,

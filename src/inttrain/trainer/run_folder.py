@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .checkpoint import checkpoint_paths, save_checkpoint
 from .loop import EpochStats, TrainHooks, TrainState
-from .tensorboard import TensorBoardScalars
+from .tensorboard import TENSORBOARD_MISSING, TensorBoardScalars
 
 __all__ = ["RunFolder", "METRIC_FIELDS", "read_metrics", "write_yaml_atomic"]
 
@@ -104,6 +104,8 @@ class RunFolder(TrainHooks):
     def open_tensorboard(self, purge_step: int | None = None) -> None:
         """Start mirroring rows to ``tb/`` (if tensorboard is installed); ``purge_step`` on resume."""
         self.tb = TensorBoardScalars(self.root / "tb", purge_step)
+        if self.tb.writer is None:
+            self.log(TENSORBOARD_MISSING)
 
     def close(self) -> None:
         if self.tb is not None:
