@@ -21,8 +21,8 @@ built, before any recipe converts it), the same data order and the same crop-fli
 of s and the step).  The 16k / 4k train / validation split is drawn once with ``--split-seed`` (0), the same
 for every job.
 
-Training settings (the issue's): SGD momentum 0.9 nesterov, weight decay 5e-4, OneCycle (max lr ``--lr``),
-batch 128, crop-flip, 30 epochs.  They reach ``inttrain.trainer.train`` as its ``weight_decay``, ``momentum``,
+Training settings (the issue's): SGD momentum 0.9 nesterov (wageubn: its WageubnSGD, no nesterov), weight
+decay 5e-4 on every parameter, OneCycle (max lr ``--lr``), batch 128, crop-flip, 30 epochs.  They reach ``inttrain.trainer.train`` as its ``weight_decay``, ``momentum``,
 ``nesterov``, ``lr_schedule``, ``warmup_epochs`` keywords; a trainer without them trains with the plain
 defaults and the job row names the knobs it did not get (``knobs_missing``), so such rows are never mixed up
 with full-budget ones in the report (it groups by the settings).
@@ -68,7 +68,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "int8-dataflow": ({"recipe": "int8", "dataflow": True}, 3),
     "unified-int8": ({"recipe": "unified-int8"}, 2),
     "sbm": ({"recipe": "sbm"}, 2),
-    "wageubn": ({"recipe": "wageubn"}, 2),
+    # WageubnSGD (the recipe's quantized update) has momentum but no nesterov variant.
+    "wageubn": ({"recipe": "wageubn", "nesterov": False}, 2),
     "dorefa-8": ({"recipe": "dorefa", "bits": 8}, 2),
     "cpt-3-8": ({"recipe": "int8", "schedule": "cpt", "schedule_min_bits": 3, "schedule_max_bits": 8,
                  "schedule_cycles": 32, "schedule_grad_bits": 8}, 2),
@@ -81,8 +82,6 @@ KNOB_NAMES = ("weight_decay", "momentum", "nesterov", "lr_schedule", "warmup_epo
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", help="cifar10_train20k.npz (x uint8 NHWC, y); required unless --report.")
-    p.add_argument("--out", default="benchmarks/results/accuracy_full", help="Results folder. [%(default)s]")
-    p.add_argument("--runs", help="Run folders (checkpoints; not committed). [OUT/runs]")
     p.add_argument("--model", default="resnet20")
     p.add_argument("--val-size", type=int, default=4000)
     p.add_argument("--train-size", type=int, default=16000, help="First N of the rest (smoke runs: fewer).")
@@ -96,32 +95,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--no-nesterov", dest="nesterov", action="store_false")
     p.add_argument("--augment", default="crop-flip")
+    p.add_argument("--probe-every", type=int, help="Also run the numerics probe every N steps (RUN/probe.csv).")
+    p.add_argument("--seeds", type=int, help="Seeds per variant for all variants (default: 3 or 2, see VARIANTS).")
+    p.add_argument("--retry-skipped", action="store_true", help="Treat recorded 'skipped' jobs as pending.")
+    add_job_args(p, "benchmarks/results/accuracy_full", list(VARIANTS))
+    args = p.parse_args(argv)
+    if not (args.data or args.report):
+        p.error("--data is required (e.g. ../shared/data/cifar10_train20k.npz); --report alone does not need it")
+    return finish_job_args(p, args, list(VARIANTS), headline="final_val_accuracy")
+
+
+def add_job_args(p: argparse.ArgumentParser, out: str, variants: list[str]) -> None:
+    """The job-running options both benchmarks share."""
+    p.add_argument("--out", default=out, help="Results folder. [%(default)s]")
+    p.add_argument("--runs", help="Run folders (checkpoints; not committed). [OUT/runs]")
     p.add_argument("--threads", type=int, default=1, help="Torch threads per job (one job per core). [1]")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="torch.compile the step (auto: as `inttrain train` decides). [auto]")
-    p.add_argument("--probe-every", type=int, help="Also run the numerics probe every N steps (RUN/probe.csv).")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="Comma-separated subset. [all]")
-    p.add_argument("--seeds", type=int, help="Seeds per variant for all variants (default: 3 or 2, see VARIANTS).")
+    p.add_argument("--variants", default=",".join(variants), help="Comma-separated subset. [all]")
     p.add_argument("--only", help="VARIANT:SEED: run this job only (resuming it if it has a checkpoint).")
     p.add_argument("--max-jobs", type=int, help="Stop after this many jobs (default: until none is pending).")
     p.add_argument("--list", action="store_true", help="List jobs and their state, run nothing.")
     p.add_argument("--report", action="store_true", help="Write the report from OUT/results.jsonl, run nothing.")
-    p.add_argument("--retry-skipped", action="store_true", help="Treat recorded 'skipped' jobs as pending.")
-    args = p.parse_args(argv)
+
+
+def finish_job_args(p: argparse.ArgumentParser, args: argparse.Namespace, variants: list[str],
+                    headline: str) -> argparse.Namespace:
+    """Check and convert the shared options; ``headline``: the row field --list shows of a finished job."""
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    bad = [v for v in args.variants if v not in VARIANTS]
+    bad = [v for v in args.variants if v not in variants]
     if bad or not args.variants:
-        p.error(f"--variants: {', '.join(bad) or 'none given'}: allowed {', '.join(VARIANTS)}")
-    if not (args.data or args.report):
-        p.error("--data is required (e.g. ../shared/data/cifar10_train20k.npz); --report alone does not need it")
+        p.error(f"--variants: {', '.join(bad) or 'none given'}: allowed {', '.join(variants)}")
     if args.only is not None:
         name, _, seed = args.only.partition(":")
-        if name not in VARIANTS or not seed.isdigit():
-            p.error(f"--only {args.only!r}: expected VARIANT:SEED with VARIANT in {', '.join(VARIANTS)}")
+        if name not in variants or not seed.isdigit():
+            p.error(f"--only {args.only!r}: expected VARIANT:SEED with VARIANT in {', '.join(variants)}")
         args.only = (name, int(seed))
     args.out = Path(args.out)
-    args.headline = "final_val_accuracy"  # what --list shows of a finished job
     args.runs = Path(args.runs) if args.runs else args.out / "runs"
+    args.retry_skipped = getattr(args, "retry_skipped", False)
+    args.headline = headline
     return args
 
 
@@ -273,7 +286,7 @@ def run_config(args: argparse.Namespace, variant: str, seed: int, knob_fields: d
                      batch_size=args.batch_size, lr=args.lr, optimizer="sgd", seed=seed, threads=args.threads,
                      augment=args.augment, val_fraction=None, log_every=25,
                      compile={"auto": None, "on": True, "off": False}[args.compile], probe_every=probe,
-                     **fields, **knob_fields)
+                     **{**knob_fields, **fields})  # a variant's own setting wins
 
 
 def load_splits(args: argparse.Namespace) -> Any:
@@ -469,6 +482,8 @@ def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st:
         f"CPU: {', '.join(cpus) or '-'}; {done[0].get('threads', '?') if done else '?'} thread(s) per job, "
         f"torch {done[0].get('torch', '?') if done else '?'}; s/epoch: training steps only, mean over epochs "
         "(jobs ran side by side, one per core).",
+        "Weight decay applies to every parameter (the trainer's SGD); wageubn trains with its own quantized SGD "
+        "(WageubnSGD: momentum, no nesterov).",
         "dorefa-8: k = 8 for Linear layers, 7 for convolutions (the integer convolutions' limit); first and last "
         "layer float (the paper's setting). cpt-3-8: int8 recipe, CPT forward bits 3..8 over 32 cycles, "
         "gradients 8 bits.",
@@ -529,24 +544,31 @@ def report(args: argparse.Namespace) -> str:
     return text
 
 
+def dispatch(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict[str, Any], load: Callable[[], Any],
+             run: Callable[[tuple[str, int], Any], int], write_report: Callable[[argparse.Namespace], str]) -> int:
+    """--report, --list, or work through ``jobs``: ``run(job, load())``, ``load`` called once, only if a job is left."""
+    if args.report:
+        print(write_report(args), end="")
+        return 0
+    if args.list:
+        list_jobs(args, jobs, want)
+        return 0
+    loaded: list[Any] = []
+
+    def run_one(job: tuple[str, int]) -> int:
+        if not loaded:
+            torch.set_num_threads(args.threads)
+            loaded.append(load())
+        return run(job, loaded[0])
+
+    return work(args, jobs, want, run_one)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.report:
-        print(report(args), end="")
-        return 0
     jobs = [args.only] if args.only else all_jobs(args)
-    if args.list:
-        list_jobs(args, jobs, settings(args))
-        return 0
-    splits: list[Any] = []
-
-    def run(job: tuple[str, int]) -> int:
-        if not splits:  # loaded once, and only when some job is left to train
-            torch.set_num_threads(args.threads)
-            splits.append(load_splits(args))
-        return run_job(args, *job, splits[0])
-
-    return work(args, jobs, settings(args), run)
+    return dispatch(args, jobs, settings(args), lambda: load_splits(args),
+                    lambda job, splits: run_job(args, *job, splits), report)
 
 
 def list_jobs(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict[str, Any]) -> None:

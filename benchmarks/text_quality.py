@@ -60,8 +60,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="benchmarks/results/text_quality", help="Results folder. [%(default)s]")
-    p.add_argument("--runs", help="Run folders (checkpoints; not committed). [OUT/runs]")
     p.add_argument("--stdlib", default=sysconfig.get_paths()["stdlib"], help="Folder of the files. [this Python's]")
     p.add_argument("--max-chars", type=int, help="Use only the first N characters of each split (smoke runs).")
     p.add_argument("--seq-len", type=int, default=128)
@@ -74,29 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr-schedule", default="cosine")
     p.add_argument("--warmup-epochs", type=float, default=0.25)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--only", help="VARIANT:SEED: run this job only.")
-    p.add_argument("--max-jobs", type=int)
-    p.add_argument("--list", action="store_true")
-    p.add_argument("--report", action="store_true")
-    args = p.parse_args(argv)
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    bad = [v for v in args.variants if v not in VARIANTS]
-    if bad or not args.variants:
-        p.error(f"--variants: {', '.join(bad) or 'none given'}: allowed {', '.join(VARIANTS)}")
-    if args.only is not None:
-        name, _, seed = args.only.partition(":")
-        if name not in VARIANTS or not seed.isdigit():
-            p.error(f"--only {args.only!r}: expected VARIANT:SEED with VARIANT in {', '.join(VARIANTS)}")
-        args.only = (name, int(seed))
-    args.out = Path(args.out)
-    args.runs = Path(args.runs) if args.runs else args.out / "runs"
-    args.retry_skipped = False
-    args.headline = "final_val_loss"
-    return args
+    jobs_lib.add_job_args(p, "benchmarks/results/text_quality", list(VARIANTS))
+    return jobs_lib.finish_job_args(p, p.parse_args(argv), list(VARIANTS), headline="final_val_loss")
 
 
 def knob_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -272,22 +250,9 @@ def report(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.report:
-        print(report(args), end="")
-        return 0
     jobs = [args.only] if args.only else [(v, s) for s in range(args.seeds) for v in args.variants]
-    if args.list:
-        jobs_lib.list_jobs(args, jobs, settings(args))
-        return 0
-    loaded: list[Any] = []
-
-    def run(job: tuple[str, int]) -> int:
-        if not loaded:
-            torch.set_num_threads(args.threads)
-            loaded.append(load_splits(args))
-        return run_job(args, *job, *loaded[0])
-
-    return jobs_lib.work(args, jobs, settings(args), run)
+    return jobs_lib.dispatch(args, jobs, settings(args), lambda: load_splits(args),
+                             lambda job, data: run_job(args, *job, *data), report)
 
 
 if __name__ == "__main__":

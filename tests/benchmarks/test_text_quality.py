@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "text_quality.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("text_quality_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+SCRIPT = "text_quality"  # conftest.py's `bench` fixture loads benchmarks/text_quality.py
 
 
 def test_split_is_by_file_and_missing_files_are_named(bench, tmp_path: Path) -> None:
