@@ -7,7 +7,6 @@ import json
 import math
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
