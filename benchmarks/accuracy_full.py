@@ -75,6 +75,13 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
                  "schedule_cycles": 32, "schedule_grad_bits": 8}, 2),
     "integer-only": ({"recipe": "integer-only"}, 2),
 }
+#: Issue 16's "done means": variant -> (reference variant, largest allowed paired mean deficit in points, largest
+#: training BitOPs as a fraction of int8's or None).
+TARGETS: dict[str, tuple[str, float, float | None]] = {
+    "int8": ("fp32", 0.2, None), "int8-dataflow": ("fp32", 0.2, None),
+    **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "dorefa-8")},
+    "cpt-3-8": ("int8", 0.3, 0.6), "integer-only": ("fp32", 3.0, None),
+}
 #: The trainer's optimisation knobs this benchmark sets (issue 16's settings); see the module docstring.
 KNOB_NAMES = ("weight_decay", "momentum", "nesterov", "lr_schedule", "warmup_epochs")
 
@@ -441,7 +448,25 @@ def summarize(rows: list[dict[str, Any]], variants: list[str]) -> list[dict[str,
             "skipped": next((r["reason"] for r in mine if r.get("status") == "skipped"), ""),
             "curves": [r["val_accuracies"] for r in done],
         })
+    for row in out:
+        row["target"], row["target_met"] = judge(row, {r["variant"]: r for r in out})
     return out
+
+
+def judge(row: dict[str, Any], by_variant: dict[str, dict[str, Any]]) -> tuple[str, bool | None]:
+    """(the issue's target for ``row``'s variant, met?: None while a side has no paired seed)."""
+    if row["variant"] not in TARGETS:
+        return "", None
+    ref, points, bitops = TARGETS[row["variant"]]
+    text = f"gap to {ref} >= -{points}" + (f", BitOPs <= {bitops} x int8" if bitops is not None else "")
+    other = by_variant.get(ref, {}).get("accuracies", {})
+    gaps = [100 * (a - other[s]) for s, a in row["accuracies"].items() if s in other]
+    if not gaps:
+        return text, None
+    met = statistics.mean(gaps) >= -points
+    if bitops is not None:
+        met = met and math.isfinite(row["bitops_vs_int8"]) and row["bitops_vs_int8"] <= bitops
+    return text + f" (paired mean {statistics.mean(gaps):+.2f})", met
 
 
 def _f(v: float, fmt: str, dash: str = "-") -> str:
@@ -450,7 +475,7 @@ def _f(v: float, fmt: str, dash: str = "-") -> str:
 
 def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st: dict[str, Any]) -> str:
     head = ("variant", "seeds", "val acc (mean ± sd)", "per seed", "paired gap to fp32 (mean)", "per seed gap",
-            "best (mean)", "final train loss", "training GBitOPs", "vs int8", "s/epoch")
+            "best (mean)", "final train loss", "training GBitOPs", "vs int8", "s/epoch", "issue target")
     lines = [f"# Full-budget accuracy: {st['model']} on {st['data']}", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summary:
@@ -464,7 +489,9 @@ def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st:
             f"| {s['variant']} | {len(s['seeds'])} | {100 * s['mean']:.2f} ± {_f(100 * s['std'], '.2f')} | {per} | "
             f"{_f(s['gap_mean'], '+.2f')} | {gaps} | {_f(100 * s['best_mean'], '.2f')} | "
             f"{_f(s['train_loss_mean'], '.3f')} | {_f(s['gbitops'], ',.0f')} | {_f(s['bitops_vs_int8'], '.2f')} | "
-            f"{_f(s['seconds_per_epoch'], '.0f')} |")
+            f"{_f(s['seconds_per_epoch'], '.0f')} | "
+            + ("" if not s["target"] else f"{ {True: 'met', False: 'missed', None: 'pending'}[s['target_met']]}: {s['target']}")
+            + " |")
     done = [r for r in rows if r.get("status") == "done"]
     cpus = sorted({r.get("cpu", "?") for r in done})
     missing = sorted({k for r in done for k in r.get("knobs_missing", [])})
