@@ -38,6 +38,7 @@ Differences from the paper:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
@@ -117,6 +118,9 @@ class DoReFaConfig(RecipeConfig):
     """
 
     name = "dorefa"
+    facts = ("Zhou et al. 2016, DoReFa-Net, arXiv:1606.06160",
+             "the three GEMMs, on the paper's k-bit codes of weights, activations and gradients",
+             "the tanh/clip/normalise/noise transforms (element-wise), master weights, first and last layer")
     w_bits: int = 8
     a_bits: int = 8
     g_bits: int | None = 8
@@ -136,6 +140,10 @@ class DoReFaConfig(RecipeConfig):
         c = self.conv_bits
         if c is not None and (not isinstance(c, int) or isinstance(c, bool) or not MIN_K <= c <= MAX_K_CONV):
             raise UnsupportedFormatError(f"dorefa conv_bits={c!r}: allowed {MIN_K} to {MAX_K_CONV} or None (no clamping)")
+
+    def with_bits(self, bits: int) -> DoReFaConfig:
+        """DoReFa has no single width: ``bits`` sets the weight, activation and gradient k alike."""
+        return dataclasses.replace(self, w_bits=bits, a_bits=bits, g_bits=bits)
 
     def layer_bits(self, module: nn.Module) -> tuple[int, int, int | None]:
         """(w, a, g) bits ``module`` runs: Conv2d layers clamped to ``conv_bits``."""

@@ -47,6 +47,10 @@ class Int8MixedConfig(RecipeConfig):
     """
 
     name = "int8"
+    facts = ("int8 mixed precision: Zhu et al. CVPR 2020 Sec. 3; torchao's int8 mixed-precision training; "
+             "SwitchBack (Wortsman et al. 2023)",
+             "the three GEMMs of every Linear/Conv2d (int8 x int8 -> int32)",
+             "master weights and optimizer (any torch optimizer), scales, element-wise ops, normalization, loss")
     bits: int = 8
     grad_bits: int | None = None
     grad_rounding: Rounding = Rounding.NEAREST_EVEN
