@@ -242,7 +242,7 @@ def prepare_run(cfg: RunConfig, echo: Any = typer.echo, splits: Any = None) -> P
     if schedule is not None:
         try:
             scheduler = make_scheduler(model, schedule)
-        except ValueError as e:  # e.g. QConv2d takes at most 8 bits
+        except ValueError as e:  # a width or layout a layer cannot run
             raise UsageProblem("--schedule", f"{cfg.schedule}: {e}") from None
     return Prepared(cfg, splits, model, recipe_config, scheduler)
 
