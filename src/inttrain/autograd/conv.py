@@ -28,6 +28,7 @@ from ..kernels.conv import ConvGeometry
 from ..kernels.fused import quantize_matrix
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
+from ..spec.capabilities import conv_layout_problem
 from .seeds import save_with_seeds, saved_and_seeds
 from .qactivation import QActivation, quantize_activation, quantize_rows_of
 
@@ -37,18 +38,11 @@ _CL = torch.channels_last
 
 
 def check_conv_precision(prec: LayerPrecision) -> None:
-    """Raise UnsupportedFormatError if ``prec`` asks for a layout the convolution GEMMs cannot serve."""
-    rules = [
-        ("forward", "lhs (activation)", prec.forward, prec.forward.lhs),
-        ("grad_input", "lhs (output gradient)", prec.grad_input, prec.grad_input.lhs),
-        ("grad_weight", "rhs (activation)", prec.grad_weight, prec.grad_weight.rhs),
-    ]
-    for gemm, side, g, spec in rules:
-        if g.integer and not isinstance(spec.granularity, PerTensor):
-            raise UnsupportedFormatError(
-                f"conv2d {gemm} GEMM: the {side} must be quantized PerTensor (its scale would vary along the"
-                f" reduction), got {spec.granularity}"
-            )
+    """Raise UnsupportedFormatError if ``prec`` asks for a layout the convolution GEMMs cannot serve
+    (:mod:`inttrain.spec.capabilities`)."""
+    problem = conv_layout_problem(prec)
+    if problem is not None:
+        raise UnsupportedFormatError(problem)
 
 
 def _wide(g) -> bool:

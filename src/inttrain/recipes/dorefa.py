@@ -47,13 +47,15 @@ from torch import nn
 
 from ..numerics.hashing import uniform_from_counter
 from ..spec import GemmPrecision, LayerPrecision, PerTensor, QuantSpec, UnsupportedFormatError
+from ..spec.capabilities import GEMM_BITS
 from ..spec.formats import IntFormat
 from .base import LayerHooks, RecipeConfig
 
 __all__ = ["DoReFaConfig", "quantize_k", "dorefa_weight", "dorefa_activation", "dorefa_gradient"]
 
-MIN_K, MAX_K_LINEAR = 2, 15
-MAX_K_CONV = MAX_K_LINEAR  # convolutions split int16 codes into int8 halves as Linear layers do
+# k-bit DoReFa codes need k + 1-bit signed GEMM codes (spec.capabilities.GEMM_BITS), for every layer kind.
+MIN_K, MAX_K_LINEAR = GEMM_BITS[0], GEMM_BITS[1] - 1
+MAX_K_CONV = MAX_K_LINEAR
 
 
 def _ste_round(v: torch.Tensor) -> torch.Tensor:
