@@ -341,30 +341,25 @@ def train(
     clip_grad_norm: float | None = None,
     callbacks: Sequence[Callback] = (),
 ) -> RunResult:
-    """Train ``model`` on ``splits`` in place and return per-epoch statistics.
+    """Train ``model`` on ``splits`` in place and return per-epoch statistics (seeded: same seed, init, data ->
+    identical losses).
 
-    ``recipe``: any recipe name (``inttrain.recipe_names()``: fp32, bf16, int8, ...), applied with
-    ``inttrain.prepare_`` before the optimizer is built (``recipe_config``, e.g. a config with other
-    ``bits``, is used instead of the name; ``prepared=True``: the caller already applied it); the recipe
-    object also gives the autocast, the optimizer (:meth:`~inttrain.recipes.RecipeConfig.optimizer_for`;
-    ``dclr=False`` turns off per-layer lr scaling), the step hook and the state saved in checkpoints.
-    Seeded: same seed, model init and data give identical losses. Steps with a non-finite loss or gradient
-    are skipped (weights, buffers and optimizer state untouched); ``max_consecutive_skips`` in a row raise
-    :class:`NonFiniteLossError`. ``progress``: tqdm bar (True), periodic lines (False), or by whether
-    stderr is a TTY (None). ``max_steps`` stops after that many attempted steps (over the whole run,
-    resumes included), after a final validation (``RunResult.val_accuracy``). ``hooks``: metrics rows and
-    checkpoints (:class:`TrainHooks`); ``resume_from``: (weights, state) of such a checkpoint, continued
-    bit-identically. ``augment``: "crop-flip" (a pure function of seed and step).
-    ``precision_scheduler`` (:class:`inttrain.schedules.PrecisionScheduler`) and ``cost_counter``
-    (:class:`inttrain.cost.BitOpsCounter`) are stepped/attached and checkpointed. ``data_parallel``: a
-    :class:`inttrain.distributed.data_parallel.DataParallel` (``batch_size`` is the global batch;
-    checkpoints equal a single process's). ``save_every``: also save ``last`` every that many steps.
-    ``compile``: the forward through ``torch.compile`` (:class:`~inttrain.trainer.compiled.CompiledForward`).
-    ``weight_decay``, ``momentum``, ``nesterov``: the optimizer's (momentum/nesterov: sgd only).
-    ``lr_schedule``: constant, step, cosine or onecycle over ``epochs`` x steps per epoch, after
-    ``warmup_epochs`` of linear warm-up (:class:`inttrain.schedules.lr.LrSchedule`; a function of the
-    step, scaled further by recipes such as DCLR). ``clip_grad_norm``: bound on the global gradient norm.
-    ``callbacks``: more :class:`~inttrain.trainer.callbacks.Callback` objects, called after the built-in ones.
+    ``recipe``: a name (``inttrain.recipe_names()``) or ``recipe_config``; applied with ``inttrain.prepare_``
+    unless ``prepared``; the recipe object gives the autocast, optimizer (``dclr=False``: no per-layer lr
+    scaling), step hook and checkpointed state. Non-finite steps are skipped (weights, buffers, optimizer
+    untouched); ``max_consecutive_skips`` in a row raise :class:`NonFiniteLossError`. ``progress``: tqdm bar,
+    lines, or by TTY (None). ``max_steps``: stop after that many steps (resumes included), after a final
+    validation. ``hooks``: metrics and checkpoints (:class:`TrainHooks`); ``resume_from``: such a checkpoint,
+    continued bit-identically; ``save_every``: also save ``last`` every that many steps. ``augment``:
+    "crop-flip" (a function of seed and step). ``precision_scheduler`` / ``cost_counter``
+    (:class:`inttrain.schedules.PrecisionScheduler`, :class:`inttrain.cost.BitOpsCounter`): stepped /
+    attached and checkpointed. ``data_parallel``: a :class:`inttrain.distributed.data_parallel.DataParallel`
+    (``batch_size`` is global). ``compile``: the forward through ``torch.compile``. ``weight_decay``,
+    ``momentum``, ``nesterov``: the optimizer's (momentum/nesterov: sgd only). ``lr_schedule``: constant,
+    step, cosine or onecycle over the run, after ``warmup_epochs`` of linear warm-up
+    (:class:`inttrain.schedules.lr.LrSchedule`, a function of the step; recipes such as DCLR scale it).
+    ``clip_grad_norm``: bound on the global gradient norm. ``callbacks``: more
+    :class:`~inttrain.trainer.callbacks.Callback` objects, after the built-in ones.
     """
     opts = TrainOptions(epochs, batch_size, lr, optimizer, seed, max_consecutive_skips, max_steps, augment,
                         save_every, dclr, compile, weight_decay, momentum, nesterov, lr_schedule, warmup_epochs,
