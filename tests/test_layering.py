@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import inttrain
@@ -51,6 +52,7 @@ def _runtime_nodes(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
+@functools.cache  # parsed once for the tests below
 def imports(root: Path) -> dict[str, list[tuple[str, int]]]:
     """module -> [(imported inttrain module, line)] for every ``.py`` under ``root`` (the package folder)."""
     files = {module_name(p, root): p for p in root.rglob("*.py")}
