@@ -16,8 +16,8 @@ out of the file (seeded), the first ``--train-size`` of the rest are trained on.
 
 The report is rewritten after every recipe, so an interrupted run leaves the finished rows behind.
 Recipes with an identical config (``int8`` and its alias ``int8-mixed``) train once and share the row.
-``dorefa`` runs with k = 7 by default: a k-bit DoReFa value is a (k+1)-bit signed GEMM code, and the integer
-convolutions take 8-bit codes at most (``--dorefa-bits``).  ``integer-only`` (NITI-style, its own engine and
+``dorefa`` runs with k = 7 by default: a k-bit DoReFa value is a (k+1)-bit signed GEMM code, and k = 7 keeps
+the convolutions on the int8 kernels (``--dorefa-bits``; wider codes run exactly, split into int8 halves).  ``integer-only`` (NITI-style, its own engine and
 optimizer) is attempted with ``inttrain.recipes.integer_only.convert``; a model it cannot convert is skipped
 with the converter's reason.
 """
