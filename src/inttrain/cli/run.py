@@ -263,11 +263,13 @@ def check_out(out: Path) -> None:
         raise UsageProblem("--out", f"{str(out)!r}: cannot create a folder under {str(parent)!r} (not writable)")
 
 
-def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = None) -> int:
+def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = None,
+                 train_args: dict[str, Any] | None = None) -> int:
     """Train with ``folder`` as hooks; returns the exit code (128+signal if stopped by one).
 
     ``dp``: this rank's :class:`inttrain.distributed.data_parallel.DataParallel`; ranks other than 0
-    pass a :class:`SilentFolder` (no files, no output).
+    pass a :class:`SilentFolder` (no files, no output). ``train_args``: further ``train()`` keywords
+    (benchmarks set trainer options the run config does not name).
     """
     from inttrain.trainer import train
 
@@ -304,9 +306,11 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
                 recipe_config=p.recipe_config, prepared=True, max_steps=cfg.max_steps, hooks=folder,
                 resume_from=resume_from, augment=cfg.augment, precision_scheduler=p.scheduler, cost_counter=counter,
                 data_parallel=dp, save_every=cfg.save_every, dclr=cfg.dclr, compile=use_compile,
-                weight_decay=cfg.weight_decay, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                lr_schedule=cfg.lr_schedule, warmup_epochs=cfg.warmup_epochs, clip_grad_norm=cfg.clip_grad_norm,
                 **({"progress": False} if isinstance(folder, SilentFolder) else {}),
+                # the run config's knobs; a caller's train_args (the accuracy benchmark) take precedence
+                **{"weight_decay": cfg.weight_decay, "momentum": cfg.momentum, "nesterov": cfg.nesterov,
+                   "lr_schedule": cfg.lr_schedule, "warmup_epochs": cfg.warmup_epochs,
+                   "clip_grad_norm": cfg.clip_grad_norm, **(train_args or {})},
             )
     finally:
         folder.close()
