@@ -120,6 +120,12 @@ class CostCounterCallback(Callback):
     def on_train_start(self, trainer: Trainer) -> None:
         self.counter.attach()
 
+    def on_step_start(self, trainer: Trainer) -> None:
+        self.counter.begin_step()
+
+    def on_step_end(self, trainer: Trainer, outcome: Any) -> None:
+        self.counter.end_step()
+
     def state_dict(self) -> Any:
         return self.counter.state_dict()
 

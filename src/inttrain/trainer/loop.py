@@ -383,5 +383,7 @@ def train(
     if data_parallel is not None:
         trainer.use_data_parallel(data_parallel, None if resume_from is None else resume_from[1])
     if compile:
-        trainer.net = CompiledForward(trainer.net, log)
+        # A BitOPs counter learns the step's GEMMs from one eager step (a resume brings them along).
+        learn = cost_counter is not None and not cost_counter.has_template
+        trainer.net = CompiledForward(trainer.net, log, eager_calls=1 if learn else 0)
     return trainer.fit()
