@@ -1,37 +1,123 @@
-"""Integer SGD (docs/integer-training.md §7).
+"""Integer SGD and its integer learning-rate schedule (docs/integer-training.md §7).
 
-With learning rate 2**-lr_shift the real update is lr * grad; in codes of the master weight
-(exponent p.exp) that is grad * 2**(grad_exp - lr_shift - p.exp), i.e. a right shift by
-s = p.exp + lr_shift - grad_exp (rounded with ``rounding``; s < 0 is a saturating left shift).
+Two step-size rules (``lr_mode``):
+
+* ``"shift"`` (NITI-style, the C code generator's rule): learning rate 2**-lr_shift on the summed batch
+  gradient. In codes of the master weight (exponent p.exp) the step is grad * 2**(grad_exp - lr_shift - p.exp),
+  a right shift by s = p.exp + lr_shift - grad_exp (rounded with ``rounding``; s < 0 is a saturating left shift).
+  Its good value depends on the batch size, the data scale and the depth (every task needs a sweep).
+* ``"norm"`` (per-tensor gradient normalisation, the CLI default): the step is the gradient shifted so that
+  its largest element becomes 2**lr_bits codes of the master weight: s = bitlen(max|grad|) - lr_bits. The
+  step is then a fixed fraction of each tensor's own code range whatever the gradient's scale, so one
+  default fits every layer and task.
+
+A schedule multiplier ``multiplier`` (Q8: 256 = 1.0, set each step by :class:`Schedule`) scales the step:
+U = shift(grad * m, s + 8) when m != 256 (m == 256 is exactly the unscheduled shift(grad, s)).
 Optional momentum with beta = 1 - 2**-momentum_shift keeps an int32 buffer v in the same codes:
-v <- v - rne_shift(v, momentum_shift) + u; the step is then v. Weights saturate to their range.
+v <- v - rne_shift(v, momentum_shift) + U; the step is then v. Optional decay: W <- W - rne_shift(W, decay_shift).
+``adapt_exp``: after the step, a tensor whose largest |code| reached 2**(bits-2) (half its range) is
+halved (rne) and its exponent raised by one (the momentum buffer likewise), so master weights keep
+headroom and never sit at the saturation limit; the value is unchanged up to the halved rounding.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .layers import Param
-from .ops import INT32_MAX, absmax, qmax, shift, shift_round_fast
+from .ops import INT32_MAX, absmax, qmax, shift, shift_round, shift_round_fast
+
+LR_MODES = ("shift", "norm")
+SCHEDULES = ("const", "step", "cosine")
+ONE_Q8 = 256
+# 0.5 * (1 + cos(pi * i / 256)) in Q8, i = 0..256: the cosine schedule's multipliers (integers, so both
+# engines and any board use the same table; sum stated in the docs as a checksum)
+COS_Q8 = tuple(int(math.floor(128 * (1 + math.cos(math.pi * i / 256)) + 0.5)) for i in range(257))
+COS_Q8_SUM = sum(COS_Q8)
+
+
+class Schedule:
+    """Integer step-size multiplier (Q8, 0..256) as a function of the global step.
+
+    ``warmup_steps``: linear ramp ((t + 1) * 256 // warmup_steps) over the first steps. Then ``const``: 256;
+    ``step``: 256 >> (t // step_every) (halving every ``step_every`` steps; 0 after 8 halvings);
+    ``cosine``: COS_Q8[256 * t // (total_steps - warmup_steps)] (t counted after the warm-up).
+    """
+
+    def __init__(self, kind: str = "const", total_steps: int = 1, warmup_steps: int = 0, step_every: int = 1):
+        if kind not in SCHEDULES:
+            raise ValueError(f"unknown schedule {kind!r}; allowed: {', '.join(SCHEDULES)}")
+        if total_steps < 1 or warmup_steps < 0 or step_every < 1:
+            raise ValueError("schedule: total_steps >= 1, warmup_steps >= 0, step_every >= 1")
+        self.kind, self.total, self.warmup, self.every = kind, int(total_steps), int(warmup_steps), int(step_every)
+
+    def multiplier(self, step: int) -> int:
+        if step < self.warmup:
+            return (step + 1) * ONE_Q8 // self.warmup
+        t = step - self.warmup
+        if self.kind == "step":
+            k = t // self.every
+            return ONE_Q8 >> k if k < 9 else 0
+        if self.kind == "cosine":
+            return COS_Q8[min(256, 256 * t // max(1, self.total - self.warmup))]
+        return ONE_Q8
+
+
+def saturation(params: list[Param]) -> list[tuple[int, int]]:
+    """(codes at the integer limit +-qmax(bits), size) of each parameter's master codes."""
+    return [(int(np.count_nonzero(np.abs(p.acc.astype(np.int32)) >= qmax(p.bits))), int(p.acc.size)) for p in params]
 
 
 class SGD:
-    def __init__(self, params: list[Param], lr_shift: int, momentum_shift: int | None = None,
-                 rounding: str = "pstoch"):
+    def __init__(self, params: list[Param], lr_shift: int = 6, momentum_shift: int | None = None,
+                 rounding: str = "pstoch", *, lr_mode: str = "shift", lr_bits: int = 4, adapt_exp: bool = False,
+                 decay_shift: int | None = None):
+        if lr_mode not in LR_MODES:
+            raise ValueError(f"unknown lr_mode {lr_mode!r}; allowed: {', '.join(LR_MODES)}")
         if not 0 <= int(lr_shift) <= 62:
             raise ValueError("lr_shift must be in [0, 62]")
+        if not 0 <= int(lr_bits) <= 14:
+            raise ValueError("lr_bits must be in [0, 14]")
         if momentum_shift is not None and not 1 <= int(momentum_shift) <= 16:
             raise ValueError("momentum_shift must be in [1, 16]")
+        if decay_shift is not None and not 1 <= int(decay_shift) <= 30:
+            raise ValueError("decay_shift must be in [1, 30]")
         self.params, self.lr_shift, self.momentum_shift, self.rounding = params, int(lr_shift), momentum_shift, rounding
+        self.lr_mode, self.lr_bits, self.adapt_exp, self.decay_shift = lr_mode, int(lr_bits), bool(adapt_exp), decay_shift
+        self.multiplier = ONE_Q8
         self._shadow: dict[int, tuple] = {}     # id(param) -> (the codes array written last, its int32 copy)
 
+    def config(self) -> dict:
+        """The optimizer's settings (recorded in saved models and checkpoints)."""
+        return {"lr_mode": self.lr_mode, "lr_shift": self.lr_shift, "lr_bits": self.lr_bits,
+                "momentum_shift": self.momentum_shift, "rounding": self.rounding, "adapt_exp": self.adapt_exp,
+                "decay_shift": self.decay_shift}
+
+    def step_shift(self, p: Param) -> int | None:
+        """s of the step U = grad * 2**-s in codes of p.acc (None: an all-zero gradient in ``norm`` mode)."""
+        if self.lr_mode == "shift":
+            return p.exp + self.lr_shift - p.grad_exp
+        top = absmax(p.grad).bit_length()
+        return None if top == 0 else top - self.lr_bits
+
     def update_codes(self, p: Param) -> np.ndarray:
-        """The (signed) step in codes of p.acc before momentum: round(grad * 2**(grad_exp - lr_shift - exp))."""
-        return shift(p.grad, p.exp + self.lr_shift - p.grad_exp, self.rounding, INT32_MAX)
+        """The (signed) step in codes of p.acc before momentum."""
+        s = self.step_shift(p)
+        if s is None:
+            return np.zeros(p.grad.shape, dtype=np.int64)
+        if self.multiplier == ONE_Q8:
+            return shift(p.grad, s, self.rounding, INT32_MAX)
+        return shift(p.grad.astype(np.int64) * self.multiplier, s + 8, self.rounding, INT32_MAX)
 
     def _fast_update(self, p: Param) -> np.ndarray | None:
-        """The step in int32 when that is exact: an int32 gradient, 1 <= s <= 30 (so |U| <= 2**30 + 1 and
-        W - U cannot overflow int32) and, for rne, no overflow of G + 2**(s-1). None: use the int64 path."""
+        """The step in int32 when that is exact: the plain ``shift`` rule, an int32 gradient, 1 <= s <= 30 (so
+        |U| <= 2**30 + 1 and W - U cannot overflow int32) and, for rne, no overflow of G + 2**(s-1). None: use
+        the int64 path."""
+        if (self.lr_mode != "shift" or self.multiplier != ONE_Q8 or self.momentum_shift is not None
+                or self.adapt_exp or self.decay_shift is not None):
+            return None
         s = p.exp + self.lr_shift - p.grad_exp
         g = p.grad
         if g.dtype != np.int32 or not 1 <= s <= 30:
@@ -44,7 +130,7 @@ class SGD:
         for p in self.params:
             if p.grad is None:
                 continue
-            u = self._fast_update(p) if self.momentum_shift is None else None
+            u = self._fast_update(p)
             if u is not None:
                 m = qmax(p.bits)
                 acc, w32 = self._shadow.get(id(p), (None, None))
@@ -66,6 +152,15 @@ class SGD:
                 v = np.clip(v, -INT32_MAX, INT32_MAX)
                 p.mom = v.astype(np.int32)
                 u = v
+            w = p.acc.astype(np.int64)
+            if self.decay_shift is not None:
+                u = u + shift_round(w, self.decay_shift, "rne")
             m = qmax(p.bits)
-            p.acc = np.clip(p.acc.astype(np.int64) - u, -m, m).astype(p.acc.dtype)
+            w = np.clip(w - u, -m, m)
+            if self.adapt_exp and absmax(w) >= 1 << (p.bits - 2):
+                w = shift_round(w, 1, "rne")
+                p.exp += 1
+                if p.mom is not None:
+                    p.mom = shift_round(p.mom, 1, "rne").astype(np.int32)
+            p.acc = w.astype(p.acc.dtype)
             p.grad = None
