@@ -49,15 +49,16 @@ def _assert_same_weights(mm, tm):
             assert tp.mom.dtype == torch.int32 and _eq(tp.mom, mp.mom), n
 
 
-def _lockstep(desc, data, steps, lr_shift, momentum_shift=None, batch=32):
-    """Train both engines ``steps`` steps from one initialization, comparing everything after each step."""
+def _lockstep(desc, data, steps, lr_shift, momentum_shift=None, batch=32, schedule=None, **opt_kw):
+    """Train both engines ``steps`` steps from one initialization, comparing everything after each step.
+    ``schedule``: a micro Schedule setting both optimizers' multiplier per step; ``opt_kw``: SGD options."""
     xtr, _, ytr, _ = data
     xs = xtr.reshape((len(xtr), *desc["input_shape"]))
     mm = M.Sequential.from_description(desc)
     tm = T.Sequential.from_micro(mm)
     _assert_same_weights(mm, tm)
-    mo = M.SGD(mm.params(), lr_shift, momentum_shift, rounding=mm.desc["rounding"]["update"])
-    to = T.SGD(tm.params(), lr_shift, momentum_shift, rounding=tm.desc["rounding"]["update"])
+    mo = M.SGD(mm.params(), lr_shift, momentum_shift, rounding=mm.desc["rounding"]["update"], **opt_kw)
+    to = T.SGD(tm.params(), lr_shift, momentum_shift, rounding=tm.desc["rounding"]["update"], **opt_kw)
     order = np.random.default_rng(1).permutation(len(xs))
     gemm_layers = [(ml, tl) for ml, tl in zip(mm.layers, tm.layers) if hasattr(ml, "weight")]
     for step in range(steps):
@@ -79,6 +80,8 @@ def _lockstep(desc, data, steps, lr_shift, momentum_shift=None, batch=32):
         for ml, tl in gemm_layers:
             assert ml.weight.grad_exp == tl.weight.grad_exp
             assert tl.weight.grad.dtype == torch.int32 and _eq(tl.weight.grad, ml.weight.grad)
+        if schedule is not None:
+            mo.multiplier = to.multiplier = schedule.multiplier(step)
         mo.step()
         to.step()
         _assert_same_weights(mm, tm)
@@ -103,6 +106,23 @@ def test_cnn_lockstep_20_steps(digits, desc):
 
 def test_cnn_int8_weights_with_momentum_lockstep(digits):
     _lockstep({**CNN, "weight_bits": 8}, digits, 12, 8, momentum_shift=3)
+
+
+@pytest.mark.parametrize("desc,kw", [
+    (MLP, {"lr_mode": "norm", "lr_bits": 14, "adapt_exp": True}),
+    (CNN2, {"lr_mode": "norm", "lr_bits": 12, "adapt_exp": True, "momentum_shift": 2, "decay_shift": 6}),
+    ({**MLP, "weight_bits": 8}, {"lr_mode": "norm", "lr_bits": 5, "adapt_exp": True, "momentum_shift": 1}),
+    (MLP, {"lr_mode": "shift", "lr_shift": 2, "adapt_exp": True})], ids=["mlp-norm", "cnn-norm-mom-decay",
+                                                                          "mlp-int8-norm", "mlp-shift-adapt"])
+def test_norm_rule_schedule_and_exponent_adaptation_lockstep(digits, desc, kw):
+    """The CLI's default update (norm rule, cosine multiplier with warm-up, adapted exponents) and its options:
+    bit-exact in both engines, exponents included; the large steps make the exponents move."""
+    from inttrain.micro.optim import Schedule
+
+    lr_shift = kw.pop("lr_shift", 6)
+    mm, tm = _lockstep(desc, digits, 16, lr_shift, schedule=Schedule("cosine", 16, 4), **dict(kw))
+    init = M.Sequential.from_description(desc)
+    assert any(p.exp != q.exp for p, q in zip(mm.params(), init.params())), "no exponent was adapted"
 
 
 def test_large_lr_saturates_identically(digits):

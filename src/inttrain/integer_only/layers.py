@@ -31,6 +31,7 @@ class Param:
         self.bits = bits
         self.acc = acc.to(_MASTER_DTYPE[bits])
         self.exp = int(exp)
+        self.exp0 = int(exp)         # the initial exponent (micro's Param.exp0)
         self.grad: torch.Tensor | None = None
         self.grad_exp = 0
         self.mom: torch.Tensor | None = None
@@ -39,7 +40,9 @@ class Param:
     def from_micro(cls, p, device: torch.device | str | None = None) -> "Param":
         """Copy a :class:`inttrain.micro.layers.Param` (NumPy codes) into torch."""
         acc = torch.from_numpy(np.array(p.acc, copy=True))        # a writable copy (micro's codes may be read-only)
-        return cls(acc.to(device) if device is not None else acc, p.exp, p.bits)
+        out = cls(acc.to(device) if device is not None else acc, p.exp, p.bits)
+        out.exp0 = p.exp0
+        return out
 
     def int8(self) -> IntTensor:
         """The int8 weight view used by the GEMMs: sat8(shift_round(W16, 8, rne)) at exp + 8 (int16)."""

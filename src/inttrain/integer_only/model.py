@@ -41,7 +41,7 @@ class Sequential:
         """A micro model holding a copy of these master weights (e.g. for ``micro.save_model``)."""
         m = micro.Sequential.from_description(self.desc)
         for (_, mp), (_, p) in zip(m.named_params(), self.named_params()):
-            mp.acc, mp.exp = p.acc.cpu().numpy().copy(), p.exp
+            mp.acc, mp.exp, mp.exp0 = p.acc.cpu().numpy().copy(), p.exp, p.exp0
         return m
 
     def named_params(self) -> list[tuple[str, Param]]:

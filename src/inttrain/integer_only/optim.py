@@ -2,7 +2,7 @@
 
 The same rules, options and schedule multiplier as micro's (see :mod:`inttrain.micro.optim`): the step in
 master-weight codes is the gradient (times the Q8 ``multiplier`` when it is not 256) shifted by
-s = E + lr_shift - grad_exp (``lr_mode="shift"``) or s = bitlen(max|grad|) - lr_bits (``"norm"``); optional
+s = E + lr_shift - grad_exp (``lr_mode="shift"``) or s = bitlen(max|grad|) - lr_bits + E - E0 (``"norm"``, E0 the initial exponent); optional
 momentum v <- sat32(v - rne_shift(v, momentum_shift) + u), decay W -= rne_shift(W, decay_shift), saturation,
 and ``adapt_exp`` (halve a tensor that reached half its range, exponent + 1).
 """
@@ -41,7 +41,7 @@ class SGD:
             top = absmax(p.grad).bit_length()
             if top == 0:
                 return torch.zeros(p.grad.shape, dtype=torch.int64, device=p.grad.device)
-            s = top - self.lr_bits
+            s = top - self.lr_bits + p.exp - p.exp0
         if self.multiplier == ONE_Q8:
             return shift(p.grad, s, self.rounding, INT32_MAX)
         return shift(p.grad.to(torch.int64) * self.multiplier, s + 8, self.rounding, INT32_MAX)

@@ -65,6 +65,7 @@ class Param:
         self.bits = bits
         self.acc = acc.astype(np.int16 if bits == 16 else np.int8)
         self.exp = int(exp)
+        self.exp0 = int(exp)         # the initial exponent: the norm rule's steps are in its units (optim.py)
         self.grad: np.ndarray | None = None
         self.grad_exp = 0
         self.mom: np.ndarray | None = None

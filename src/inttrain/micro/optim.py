@@ -7,9 +7,10 @@ Two step-size rules (``lr_mode``):
   a right shift by s = p.exp + lr_shift - grad_exp (rounded with ``rounding``; s < 0 is a saturating left shift).
   Its good value depends on the batch size, the data scale and the depth (every task needs a sweep).
 * ``"norm"`` (per-tensor gradient normalisation, the CLI default): the step is the gradient shifted so that
-  its largest element becomes 2**lr_bits codes of the master weight: s = bitlen(max|grad|) - lr_bits. The
-  step is then a fixed fraction of each tensor's own code range whatever the gradient's scale, so one
-  default fits every layer and task.
+  its largest element becomes 2**lr_bits codes at the tensor's *initial* exponent p.exp0:
+  s = bitlen(max|grad|) - lr_bits + (p.exp - p.exp0). The step is then a fixed fraction of each tensor's
+  initial code range whatever the gradient's scale, so one default fits every layer and task; counting it
+  in initial codes keeps an adapted (raised) exponent from enlarging the real step.
 
 A schedule multiplier ``multiplier`` (Q8: 256 = 1.0, set each step by :class:`Schedule`) scales the step:
 U = shift(grad * m, s + 8) when m != 256 (m == 256 is exactly the unscheduled shift(grad, s)).
@@ -42,7 +43,7 @@ class Schedule:
     """Integer step-size multiplier (Q8, 0..256) as a function of the global step.
 
     ``warmup_steps``: linear ramp ((t + 1) * 256 // warmup_steps) over the first steps. Then ``const``: 256;
-    ``step``: 256 >> (t // step_every) (halving every ``step_every`` steps; 0 after 8 halvings);
+    ``step``: 256 >> (t // step_every) (halving every ``step_every`` steps: 0 from the 9th halving on);
     ``cosine``: COS_Q8[256 * t // (total_steps - warmup_steps)] (t counted after the warm-up).
     """
 
@@ -59,7 +60,7 @@ class Schedule:
         t = step - self.warmup
         if self.kind == "step":
             k = t // self.every
-            return ONE_Q8 >> k if k < 9 else 0
+            return ONE_Q8 >> min(k, 9)
         if self.kind == "cosine":
             return COS_Q8[min(256, 256 * t // max(1, self.total - self.warmup))]
         return ONE_Q8
@@ -100,7 +101,7 @@ class SGD:
         if self.lr_mode == "shift":
             return p.exp + self.lr_shift - p.grad_exp
         top = absmax(p.grad).bit_length()
-        return None if top == 0 else top - self.lr_bits
+        return None if top == 0 else top - self.lr_bits + p.exp - p.exp0
 
     def update_codes(self, p: Param) -> np.ndarray:
         """The (signed) step in codes of p.acc before momentum."""
