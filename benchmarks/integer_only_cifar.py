@@ -19,7 +19,8 @@ on the same budget". Both engines train one architecture, a VGG-small-like CNN w
   on the summed-batch gradient (optional momentum ``1 - 2**-momentum_shift``). No float master weights and no
   float tensor in a training step. The initial master codes are the fp32 model's initial weights converted
   with :func:`inttrain.recipes.integer_only.float_to_codes` (``convert`` does not map ``BatchNorm2d``, so the
-  description is written here; BN starts at gamma = 1, beta = 0 in both).
+  description is written here; BN starts at gamma = 1, beta = 0 in fp32 and at micro's gamma = 8 (the
+  range-to-std correction of docs §4.2; runs before that change used 1), beta = 0 in the integer net).
 * **fp32**: the same ``torch.nn.Sequential`` with ``nn.BatchNorm2d``, ``F.cross_entropy`` (batch mean) and
   ``torch.optim.SGD``. By default its learning rate is the integer one made equivalent: the integer step on the
   summed gradient with ``2**-lr_shift`` equals a mean-loss step with ``lr = batch * 2**-lr_shift``, and integer
@@ -118,6 +119,7 @@ def to_integer(model: nn.Sequential, config: IntegerOnlyConfig) -> T.Sequential:
         if isinstance(mod, (nn.Conv2d, nn.Linear)):
             codes, exp = float_to_codes(mod.weight.detach().double().numpy(), config.weight_bits)
             ml.weight.acc, ml.weight.exp = codes.astype(ml.weight.acc.dtype), exp
+            ml.weight.exp0 = exp
     return T.Sequential.from_micro(mm)
 
 
