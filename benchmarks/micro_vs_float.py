@@ -47,33 +47,27 @@ from inttrain.micro.__main__ import TRAIN_DEFAULTS, main as micro_main  # noqa: 
 from inttrain.micro.convert import pixels_to_codes, to_nchw  # noqa: E402
 from inttrain.micro.optim import Schedule  # noqa: E402
 
-MLP = {"input_shape": [64], "layers": [
-    {"type": "linear", "in_features": 64, "out_features": 128}, {"type": "relu"},
-    {"type": "linear", "in_features": 128, "out_features": 10}]}
-DIGITS_CNN = {"input_shape": [1, 8, 8], "layers": [
-    {"type": "conv2d", "in_channels": 1, "out_channels": 16, "kernel_size": 3, "padding": 1}, {"type": "relu"},
-    {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"},
-    {"type": "linear", "in_features": 256, "out_features": 10}]}
-LENET5 = {"input_shape": [1, 28, 28], "layers": [
-    {"type": "conv2d", "in_channels": 1, "out_channels": 6, "kernel_size": 5, "padding": 2}, {"type": "relu"},
-    {"type": "maxpool2d", "kernel_size": 2},
-    {"type": "conv2d", "in_channels": 6, "out_channels": 16, "kernel_size": 5}, {"type": "relu"},
-    {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"},
-    {"type": "linear", "in_features": 400, "out_features": 120}, {"type": "relu"},
-    {"type": "linear", "in_features": 120, "out_features": 84}, {"type": "relu"},
-    {"type": "linear", "in_features": 84, "out_features": 10}]}
+RELU, POOL, FLAT = {"type": "relu"}, {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"}
 
 
-def _bn_block(ci, co):
-    return [{"type": "conv2d", "in_channels": ci, "out_channels": co, "kernel_size": 3, "padding": 1},
-            {"type": "batchnorm", "num_features": co}, {"type": "relu"}]
+def lin(i: int, o: int) -> dict:
+    return {"type": "linear", "in_features": i, "out_features": o}
 
 
-BNCNN = {"input_shape": [3, 32, 32], "layers": [
-    *_bn_block(3, 16), *_bn_block(16, 16), {"type": "maxpool2d", "kernel_size": 2},
-    *_bn_block(16, 32), *_bn_block(32, 32), {"type": "maxpool2d", "kernel_size": 2},
-    *_bn_block(32, 64), {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"},
-    {"type": "linear", "in_features": 1024, "out_features": 10}]}
+def conv(ci: int, co: int, k: int, pad: int = 0) -> dict:
+    return {"type": "conv2d", "in_channels": ci, "out_channels": co, "kernel_size": k, "padding": pad}
+
+
+def bn_block(ci: int, co: int) -> list[dict]:
+    return [conv(ci, co, 3, 1), {"type": "batchnorm", "num_features": co}, RELU]
+
+
+MLP = {"input_shape": [64], "layers": [lin(64, 128), RELU, lin(128, 10)]}
+DIGITS_CNN = {"input_shape": [1, 8, 8], "layers": [conv(1, 16, 3, 1), RELU, POOL, FLAT, lin(256, 10)]}
+LENET5 = {"input_shape": [1, 28, 28], "layers": [conv(1, 6, 5, 2), RELU, POOL, conv(6, 16, 5), RELU, POOL, FLAT,
+                                                  lin(400, 120), RELU, lin(120, 84), RELU, lin(84, 10)]}
+BNCNN = {"input_shape": [3, 32, 32], "layers": [*bn_block(3, 16), *bn_block(16, 16), POOL, *bn_block(16, 32),
+                                                *bn_block(32, 32), POOL, *bn_block(32, 64), POOL, FLAT, lin(1024, 10)]}
 RUNS = {"digits-mlp": ("digits", MLP), "digits-cnn": ("digits", DIGITS_CNN), "mnist-lenet5": ("mnist", LENET5),
         "cifar-bncnn": ("cifar", BNCNN)}
 

@@ -9,19 +9,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from micro_utils import CNN, MLP
 from parity_utils import int_equal as _eq
 
 from inttrain import integer_only as T
 from inttrain import micro as M
 from inttrain.micro.loss import display_loss as micro_display_loss
 
-MLP = {"input_shape": [64], "layers": [
-    {"type": "linear", "in_features": 64, "out_features": 128}, {"type": "relu"},
-    {"type": "linear", "in_features": 128, "out_features": 10}]}
-CNN = {"input_shape": [1, 8, 8], "layers": [
-    {"type": "conv2d", "in_channels": 1, "out_channels": 8, "kernel_size": 3, "padding": 1}, {"type": "relu"},
-    {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"},
-    {"type": "linear", "in_features": 128, "out_features": 10}]}
 # stride 2, no padding, an odd map for the pool (trailing row/col dropped), two convs (conv input error)
 CNN2 = {"input_shape": [1, 8, 8], "seed": 3, "layers": [
     {"type": "conv2d", "in_channels": 1, "out_channels": 4, "kernel_size": 3, "stride": 1, "padding": 1},

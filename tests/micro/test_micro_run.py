@@ -17,15 +17,9 @@ from inttrain.micro import evaluate, load_model
 from inttrain.micro.__main__ import main
 from inttrain.micro.checkpoint import load_run
 from inttrain.micro.io import read_safetensors
+from micro_utils import CNN, MLP
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-MLP = {"input_shape": [64], "layers": [
-    {"type": "linear", "in_features": 64, "out_features": 32}, {"type": "relu"},
-    {"type": "linear", "in_features": 32, "out_features": 10}]}
-CNN = {"input_shape": [1, 8, 8], "layers": [
-    {"type": "conv2d", "in_channels": 1, "out_channels": 8, "kernel_size": 3, "padding": 1}, {"type": "relu"},
-    {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"},
-    {"type": "linear", "in_features": 128, "out_features": 10}]}
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +99,7 @@ def test_kill_mid_run_then_resume_is_bit_identical(files, tmp_path):
 
 
 def test_keep_best_saves_the_best_epoch(files, tmp_path, capsys):
-    # the shift rule with too large a rate collapses after its first epoch (measured: 0.281, then 0.114 .. 0.117)
+    # the shift rule with too large a rate swings and collapses (measured: 0.175, 0.353, 0.131, 0.181)
     args = ["train", str(files / "mlp.json"), str(files / "tr.npz"), "--val", str(files / "va.npz"), "--epochs", "4",
             "--schedule", "const", "--lr-mode", "shift", "--lr-shift", "4", "--log-every", "0"]
     assert main([*args, "--keep-best", "--out", str(tmp_path / "best")]) == 0
@@ -113,7 +107,7 @@ def test_keep_best_saves_the_best_epoch(files, tmp_path, capsys):
     out = capsys.readouterr().out
     info = json.loads((tmp_path / "best" / "model.json").read_text())["info"]
     accs = [r["val_acc"] for r in info["history"]]
-    assert info["best_epoch"] == 1 + int(np.argmax(accs)) == 1 and info["best_val_acc"] == max(accs) > accs[-1]
+    assert info["best_epoch"] == 1 + int(np.argmax(accs)) == 2 and info["best_val_acc"] == max(accs) > accs[-1]
     assert f"(best epoch {info['best_epoch']}, val_acc {max(accs):.4f})" in out
     va = np.load(files / "va.npz")
     assert evaluate(load_model(tmp_path / "best"), va["x"], -7, va["y"]) == max(accs)
@@ -125,10 +119,10 @@ def test_epoch_line_reports_saturation_schedule_time_and_eta(files, tmp_path, ca
     assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--epochs", "2", "--out",
                  str(tmp_path / "r"), "--log-every", "0", "--update-rounding", "rne"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("train: 300 samples, 2368 weights, 16-bit weight accumulators, norm rule (largest "
+    assert lines[0].startswith("train: 300 samples, 9472 weights, 16-bit weight accumulators, norm rule (largest "
                                "step 2^10 codes), cosine schedule, 10 steps/epoch, rounding rne/rne/rne")
     ep = [ln for ln in lines if ln.startswith("epoch ")]
-    assert len(ep) == 2 and all(" sat 0/2368 " in ln and " eta " in ln and " time " in ln for ln in ep)
+    assert len(ep) == 2 and all(" sat 0/9472 " in ln and " eta " in ln and " time " in ln for ln in ep)
     assert " lr x256/256 " not in ep[1] and " lr x2/256 " in ep[1]          # the cosine near its end: COS_Q8[243]
     doc = json.loads((tmp_path / "r" / "model.json").read_text())
     assert doc["rounding"] == {"forward": "rne", "backward": "rne", "update": "rne"}     # recorded in the model

@@ -71,8 +71,40 @@ def saturation(params: list[Param]) -> list[tuple[int, int]]:
     return [(int(np.count_nonzero(np.abs(p.acc.astype(np.int32)) >= qmax(p.bits))), int(p.acc.size)) for p in params]
 
 
-class SGD:
-    def __init__(self, params: list[Param], lr_shift: int = 6, momentum_shift: int | None = None,
+class NumpyOps:
+    """The array operations the integer SGD needs, on NumPy (the torch twin: ``inttrain.integer_only.optim``).
+
+    The update rule (:class:`SGDCore`) is written once against this interface, so both engines run the same
+    code; only these primitives differ, and each is exact integer arithmetic in both libraries."""
+
+    shift = staticmethod(shift)
+    shift_round = staticmethod(shift_round)
+    absmax = staticmethod(absmax)
+    clip = staticmethod(np.clip)
+
+    @staticmethod
+    def wide(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int64)
+
+    @staticmethod
+    def int32(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int32)
+
+    @staticmethod
+    def cast_like(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        return a.astype(ref.dtype)
+
+    @staticmethod
+    def zeros(ref: np.ndarray, bits: int) -> np.ndarray:
+        return np.zeros(ref.shape, dtype=np.int64 if bits == 64 else np.int32)
+
+
+class SGDCore:
+    """Integer SGD over ``params`` (module docstring, docs §7), written against the array namespace ``OPS``."""
+
+    OPS = NumpyOps
+
+    def __init__(self, params: list, lr_shift: int = 6, momentum_shift: int | None = None,
                  rounding: str = "pstoch", *, lr_mode: str = "shift", lr_bits: int = 4, adapt_exp: bool = False,
                  decay_shift: int | None = None):
         if lr_mode not in LR_MODES:
@@ -88,7 +120,6 @@ class SGD:
         self.params, self.lr_shift, self.momentum_shift, self.rounding = params, int(lr_shift), momentum_shift, rounding
         self.lr_mode, self.lr_bits, self.adapt_exp, self.decay_shift = lr_mode, int(lr_bits), bool(adapt_exp), decay_shift
         self.multiplier = ONE_Q8
-        self._shadow: dict[int, tuple] = {}     # id(param) -> (the codes array written last, its int32 copy)
 
     def config(self) -> dict:
         """The optimizer's settings (recorded in saved models and checkpoints)."""
@@ -96,21 +127,59 @@ class SGD:
                 "momentum_shift": self.momentum_shift, "rounding": self.rounding, "adapt_exp": self.adapt_exp,
                 "decay_shift": self.decay_shift}
 
-    def step_shift(self, p: Param) -> int | None:
+    def step_shift(self, p) -> int | None:
         """s of the step U = grad * 2**-s in codes of p.acc (None: an all-zero gradient in ``norm`` mode)."""
         if self.lr_mode == "shift":
             return p.exp + self.lr_shift - p.grad_exp
-        top = absmax(p.grad).bit_length()
+        top = self.OPS.absmax(p.grad).bit_length()
         return None if top == 0 else top - self.lr_bits + p.exp - p.exp0
 
-    def update_codes(self, p: Param) -> np.ndarray:
+    def update_codes(self, p):
         """The (signed) step in codes of p.acc before momentum."""
-        s = self.step_shift(p)
+        ops, s = self.OPS, self.step_shift(p)
         if s is None:
-            return np.zeros(p.grad.shape, dtype=np.int64)
+            return ops.zeros(p.grad, 64)
         if self.multiplier == ONE_Q8:
-            return shift(p.grad, s, self.rounding, INT32_MAX)
-        return shift(p.grad.astype(np.int64) * self.multiplier, s + 8, self.rounding, INT32_MAX)
+            return ops.shift(p.grad, s, self.rounding, INT32_MAX)
+        return ops.shift(ops.wide(p.grad) * self.multiplier, s + 8, self.rounding, INT32_MAX)
+
+    def step_param(self, p) -> None:
+        """Momentum, decay, the saturating update and the exponent adaptation of one parameter."""
+        ops = self.OPS
+        u = self.update_codes(p)
+        if self.momentum_shift is not None:
+            if p.mom is None:
+                p.mom = ops.zeros(p.acc, 32)
+            v = ops.wide(p.mom)
+            v = ops.clip(v - ops.shift(v, self.momentum_shift, "rne") + u, -INT32_MAX, INT32_MAX)
+            p.mom = ops.int32(v)
+            u = v
+        w = ops.wide(p.acc)
+        if self.decay_shift is not None:
+            u = u + ops.shift_round(w, self.decay_shift, "rne")
+        m = qmax(p.bits)
+        w = ops.clip(w - u, -m, m)
+        if self.adapt_exp and ops.absmax(w) >= 1 << (p.bits - 2):
+            w = ops.shift_round(w, 1, "rne")
+            p.exp += 1
+            if p.mom is not None:
+                p.mom = ops.int32(ops.shift_round(p.mom, 1, "rne"))
+        p.acc = ops.cast_like(w, p.acc)
+        p.grad = None
+
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                self.step_param(p)
+
+
+class SGD(SGDCore):
+    """:class:`SGDCore` on NumPy, plus an exact int32 fast path for the plain shift rule."""
+
+    def __init__(self, params: list[Param], lr_shift: int = 6, momentum_shift: int | None = None,
+                 rounding: str = "pstoch", **kw):
+        super().__init__(params, lr_shift, momentum_shift, rounding, **kw)
+        self._shadow: dict[int, tuple] = {}     # id(param) -> (the codes array written last, its int32 copy)
 
     def _fast_update(self, p: Param) -> np.ndarray | None:
         """The step in int32 when that is exact: the plain ``shift`` rule, an int32 gradient, 1 <= s <= 30 (so
@@ -132,36 +201,16 @@ class SGD:
             if p.grad is None:
                 continue
             u = self._fast_update(p)
-            if u is not None:
-                m = qmax(p.bits)
-                acc, w32 = self._shadow.get(id(p), (None, None))
-                if acc is not p.acc:                     # first step, or the codes were replaced from outside
-                    w32 = p.acc.astype(np.int32)
-                np.subtract(w32, u, out=w32)             # W - U in int32
-                np.clip(w32, -m, m, out=w32)
-                p.acc = w32.astype(p.acc.dtype)
-                p.acc.flags.writeable = False            # replace the codes, never edit them in place: the
-                self._shadow[id(p)] = (p.acc, w32)       # int32 copy of them is reused by the next step
-                p.grad = None
+            if u is None:
+                self.step_param(p)
                 continue
-            u = self.update_codes(p)
-            if self.momentum_shift is not None:
-                if p.mom is None:
-                    p.mom = np.zeros(p.acc.shape, dtype=np.int32)
-                v = p.mom.astype(np.int64)
-                v = v - shift(v, self.momentum_shift, "rne") + u
-                v = np.clip(v, -INT32_MAX, INT32_MAX)
-                p.mom = v.astype(np.int32)
-                u = v
-            w = p.acc.astype(np.int64)
-            if self.decay_shift is not None:
-                u = u + shift_round(w, self.decay_shift, "rne")
             m = qmax(p.bits)
-            w = np.clip(w - u, -m, m)
-            if self.adapt_exp and absmax(w) >= 1 << (p.bits - 2):
-                w = shift_round(w, 1, "rne")
-                p.exp += 1
-                if p.mom is not None:
-                    p.mom = shift_round(p.mom, 1, "rne").astype(np.int32)
-            p.acc = w.astype(p.acc.dtype)
+            acc, w32 = self._shadow.get(id(p), (None, None))
+            if acc is not p.acc:                     # first step, or the codes were replaced from outside
+                w32 = p.acc.astype(np.int32)
+            np.subtract(w32, u, out=w32)             # W - U in int32
+            np.clip(w32, -m, m, out=w32)
+            p.acc = w32.astype(p.acc.dtype)
+            p.acc.flags.writeable = False            # replace the codes, never edit them in place: the
+            self._shadow[id(p)] = (p.acc, w32)       # int32 copy of them is reused by the next step
             p.grad = None

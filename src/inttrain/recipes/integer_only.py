@@ -81,18 +81,15 @@ class IntegerOnlyConfig:
         for f in ("forward_rounding", "backward_rounding", "update_rounding"):
             if getattr(self, f) not in ROUNDING_MODES:
                 raise ValueError(f"integer-only {f}={getattr(self, f)!r}: allowed {ROUNDING_MODES}")
-        if not isinstance(self.lr_shift, int) or isinstance(self.lr_shift, bool) or not 0 <= self.lr_shift <= 62:
-            raise ValueError(f"integer-only lr_shift={self.lr_shift!r}: allowed 0..62")
-        m = self.momentum_shift
-        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= 16):
-            raise ValueError(f"integer-only momentum_shift={m!r}: allowed None or 1..16")
         if self.lr_mode not in ("norm", "shift"):
             raise ValueError(f"integer-only lr_mode={self.lr_mode!r}: allowed 'norm' or 'shift'")
-        if not isinstance(self.lr_bits, int) or isinstance(self.lr_bits, bool) or not 0 <= self.lr_bits <= 14:
-            raise ValueError(f"integer-only lr_bits={self.lr_bits!r}: allowed 0..14")
-        d = self.decay_shift
-        if d is not None and (not isinstance(d, int) or isinstance(d, bool) or not 1 <= d <= 30):
-            raise ValueError(f"integer-only decay_shift={d!r}: allowed None or 1..30")
+        for f, lo, hi, optional in (("lr_shift", 0, 62, False), ("lr_bits", 0, 14, False),
+                                    ("momentum_shift", 1, 16, True), ("decay_shift", 1, 30, True)):
+            v = getattr(self, f)
+            if optional and v is None:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ValueError(f"integer-only {f}={v!r}: allowed {'None or ' if optional else ''}{lo}..{hi}")
         if self.weight_bits not in (8, 16) or isinstance(self.weight_bits, bool):
             raise ValueError(f"integer-only weight_bits={self.weight_bits!r}: allowed 8 or 16")
 
