@@ -19,8 +19,7 @@ on the same budget". Both engines train one architecture, a VGG-small-like CNN w
   on the summed-batch gradient (optional momentum ``1 - 2**-momentum_shift``). No float master weights and no
   float tensor in a training step. The initial master codes are the fp32 model's initial weights converted
   with :func:`inttrain.recipes.integer_only.float_to_codes` (``convert`` does not map ``BatchNorm2d``, so the
-  description is written here; BN starts at gamma = 1, beta = 0 in fp32 and at micro's gamma = 8 (the
-  range-to-std correction of docs §4.2; runs before that change used 1), beta = 0 in the integer net).
+  description is written here; BN starts at gamma = 1, beta = 0 in both).
 * **fp32**: the same ``torch.nn.Sequential`` with ``nn.BatchNorm2d``, ``F.cross_entropy`` (batch mean) and
   ``torch.optim.SGD``. By default its learning rate is the integer one made equivalent: the integer step on the
   summed gradient with ``2**-lr_shift`` equals a mean-loss step with ``lr = batch * 2**-lr_shift``, and integer

@@ -139,8 +139,8 @@ def float_twin(model: Sequential):
                 with torch.no_grad():
                     m.weight.copy_(torch.from_numpy(ml.weight.acc.astype(np.float64) * 2.0 ** ml.weight.exp))
                 m.weight.exp0 = ml.weight.exp0
-            if t == "batchnorm":            # float BN starts at gamma 1 (it divides by the std, not the range)
-                m.weight.exp0, m.bias.exp0 = ml.gamma.exp0 - 3, ml.beta.exp0
+            if t == "batchnorm":            # gamma 1, beta 0 in both; the float BN divides by the std, not the range
+                m.weight.exp0, m.bias.exp0 = ml.gamma.exp0, ml.beta.exp0
             mods.append(m)
             shape = ml.out_shape(shape) if hasattr(ml, "out_shape") else shape
         return nn.Sequential(*mods)

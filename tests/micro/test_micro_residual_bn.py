@@ -50,7 +50,7 @@ def test_bn_forward_normalizes_per_channel():
     assert np.all(xh[2] == 0) and np.all(y.q[:, 2] == 0)         # a constant channel normalizes to beta = 0
     mean = y.to_float().mean(axis=(0, 2, 3))
     assert np.abs(mean[:2]).max() < 0.02                         # zero mean (beta = 0)
-    # scaled by the power of two above the channel's range: |y| < gamma = 8 and spread is comparable
+    # scaled by the power of two above the channel's range: |y| < gamma = 1 and spread is comparable
     assert y.to_float()[:, :2].std(axis=(0, 2, 3)).min() > 0.1
 
 

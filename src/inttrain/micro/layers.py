@@ -570,7 +570,6 @@ def layer_named_params(layer: Layer, prefix: str) -> list[tuple[str, Param]]:
     return []
 
 
-BN_GAIN_SHIFT = 3                           # initial gamma = 8 (the range-to-std correction, §4.2)
 BN_MAX_COUNT = INT32_LIMIT // (127 * 128)   # 132104: sum of G << 7 over the batch fits int32
 
 
@@ -608,9 +607,7 @@ class BatchNorm(Layer):
         self.num_features = num_features
         self.fwd_round, self.bwd_round = fwd_round, bwd_round
         e = -((qmax(bits) // 4).bit_length() - 1)          # 1.0 -> 2**-e ~ a quarter of the range
-        # gamma starts at 2**BN_GAIN_SHIFT (codes 2**-e at exponent e + BN_GAIN_SHIFT): Xh = D / 2**k is ~12x
-        # smaller than D / std, since 2**k >= the range, ~2 sqrt(2 ln M) std (docs §4.2)
-        self.gamma = Param(np.full(num_features, 1 << -e, dtype=np.int64), e + BN_GAIN_SHIFT, bits)
+        self.gamma = Param(np.full(num_features, 1 << -e, dtype=np.int64), e, bits)
         self.beta = Param(np.zeros(num_features, dtype=np.int64), e, bits)
         self.params = [self.gamma, self.beta]
 
