@@ -265,14 +265,16 @@ def main(argv=None) -> int:
     ap.add_argument("--float-opt", choices=("norm", "sgd"), default="norm",
                     help="float32 twin's update: micro's rule in float, or SGD lr 0.05 momentum 0.9 (default: norm)")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N training images (smoke runs)")
-    ap.add_argument("--max-seconds", type=float, default=None, help="stop this invocation after about this long")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop this invocation after about this long (it always advances one run)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     names = args.only.split(",") if args.only else [n for n, (d, _) in RUNS.items()
                                                     if d == "digits" or getattr(args, d)]
-    deadline = time.time() + args.max_seconds if args.max_seconds else math.inf
+    deadline = time.time() + args.max_seconds if args.max_seconds is not None else math.inf
+    started = False
     done = set()
     if (out / "results.jsonl").exists():
         done = {(r["run"], r["seed"], r["engine"]) for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
@@ -283,8 +285,9 @@ def main(argv=None) -> int:
             data = (data[0][:args.limit], data[1][:args.limit], data[2], data[3])
         for seed in map(int, args.seeds.split(",")):
             for engine in ("micro", "float32"):
-                if (name, seed, engine) in done or time.time() >= deadline:
-                    continue
+                if (name, seed, engine) in done or (started and time.time() >= deadline):
+                    continue                            # (each invocation makes progress on one run at least)
+                started = True
                 print(f"{name} seed {seed} {engine}", flush=True)
                 if engine == "micro":
                     hist = run_micro(args, name, data, desc, seed, runs, deadline)
