@@ -3,25 +3,21 @@ twin's starting point, and resuming an interrupted benchmark."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from micro_utils import load_script
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "micro_vs_float.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("micro_vs_float_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    yield load_script(BENCH, "micro_vs_float_bench")
+    sys.modules.pop("micro_vs_float_bench", None)
 
 
 def test_float_twin_starts_from_micro_weights_and_agrees(bench):
