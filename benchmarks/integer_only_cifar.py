@@ -118,6 +118,7 @@ def to_integer(model: nn.Sequential, config: IntegerOnlyConfig) -> T.Sequential:
         if isinstance(mod, (nn.Conv2d, nn.Linear)):
             codes, exp = float_to_codes(mod.weight.detach().double().numpy(), config.weight_bits)
             ml.weight.acc, ml.weight.exp = codes.astype(ml.weight.acc.dtype), exp
+            ml.weight.exp0 = exp
     return T.Sequential.from_micro(mm)
 
 

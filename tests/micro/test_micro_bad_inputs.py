@@ -107,7 +107,8 @@ def test_out_onto_an_existing_path_needs_force(tmp_path: Path, capsys: pytest.Ca
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     args = ["train", str(tmp_path / "m.json"), str(data), "--epochs", "1", "--out", str(out)]
     assert main(args) == 2
-    assert _err(capsys) == f"error: --out {out}: already exists; allowed: a new path, or --force to replace it"
+    assert _err(capsys) == (f"error: --out {out}: already exists; allowed: a new path, --force to replace it, "
+                            "or --resume to continue the run saved there")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert main([*args, "--force"]) == 0
     assert json.loads((out / "model.json").read_text())["info"]["history"][0]["epoch"] == 1

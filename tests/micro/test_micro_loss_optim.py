@@ -71,3 +71,72 @@ def test_exp2_vectorized_equals_scalar_definition():
     tt = np.maximum(t, -(63 << 8))
     ref = np.array([int(shift_round(np.array([EXP2_LUT[v & 255]]), int(-(v >> 8)), "rne")[0]) for v in tt[::37]])
     assert np.array_equal(got[::37], ref)
+
+
+def test_norm_rule_scales_the_largest_gradient_to_lr_bits():
+    from inttrain.micro.optim import SGD as S
+
+    p = Param(np.zeros(4, dtype=np.int64), -10, 16)
+    # max |g| = 1000 -> bitlen 10; lr_bits 4 -> s = 6: 1000/64 = 15.625 -> 16, 96/64 = 1.5 -> 2 (even), -3/64 -> 0
+    p.grad, p.grad_exp = np.array([1000, 96, -3, -640]), 123          # the gradient's exponent does not matter
+    S([p], lr_mode="norm", lr_bits=4, rounding="rne").step()
+    assert p.acc.tolist() == [-16, -2, 0, 10]
+    # an all-zero gradient takes no step; a tiny one is shifted left (s < 0) up to 2**lr_bits
+    p.grad = np.zeros(4, dtype=np.int32)
+    S([p], lr_mode="norm", lr_bits=4, rounding="rne").step()
+    assert p.acc.tolist() == [-16, -2, 0, 10]
+    p.grad = np.array([1, 0, -1, 0])
+    S([p], lr_mode="norm", lr_bits=4, rounding="rne").step()
+    assert p.acc.tolist() == [-24, -2, 8, 10]
+
+
+def test_schedule_multiplier_scales_the_step_in_q8():
+    from inttrain.micro.optim import SGD as S
+
+    p = Param(np.zeros(2, dtype=np.int64), 0, 16)
+    opt = S([p], lr_mode="shift", lr_shift=0, rounding="rne")
+    opt.multiplier = 64                                  # x 0.25: 100 * 64 / 256 = 25; 6 * 0.25 = 1.5 -> 2
+    p.grad, p.grad_exp = np.array([100, 6]), 0
+    opt.step()
+    assert p.acc.tolist() == [-25, -2]
+
+
+def test_schedules_are_integer_and_hit_their_ends():
+    from inttrain.micro.optim import COS_Q8, COS_Q8_SUM, Schedule
+
+    assert COS_Q8[0] == 256 and COS_Q8[128] == 128 and COS_Q8[256] == 0 and COS_Q8_SUM == 32896
+    c = Schedule("cosine", total_steps=110, warmup_steps=10)
+    assert [c.multiplier(t) for t in (0, 4, 9)] == [25, 128, 256]        # (t + 1) * 256 // 10
+    assert c.multiplier(10) == 256 and c.multiplier(60) == 128 and c.multiplier(109) == COS_Q8[253]
+    s = Schedule("step", total_steps=100, step_every=10)
+    assert [s.multiplier(t) for t in (0, 9, 10, 25, 89, 95)] == [256, 256, 128, 64, 1, 0]
+    assert Schedule("const").multiplier(10**6) == 256
+
+
+def test_adapt_exp_halves_a_tensor_at_half_range_so_nothing_saturates():
+    from inttrain.micro.optim import SGD as S, saturation
+
+    p = Param(np.array([16000, -3, 5, 0]), -10, 16)
+    opt = S([p], lr_mode="shift", lr_shift=0, rounding="rne", adapt_exp=True, momentum_shift=1)
+    p.grad, p.grad_exp = np.array([-400, 0, 0, 0]), -10                # W -> 16400 >= 2**14: halve, exp + 1
+    opt.step()
+    assert p.exp == -9 and p.acc.tolist() == [8200, -2, 2, 0] and p.mom.tolist() == [-200, 0, 0, 0]
+    # without adaptation the same push ends at the int16 limit
+    q = Param(np.array([32000, 0]), -10, 16)
+    q.grad, q.grad_exp = np.array([-2000, 0]), -10
+    S([q], lr_mode="shift", lr_shift=0, rounding="rne").step()
+    assert q.acc.tolist() == [32767, 0] and saturation([q]) == [(1, 2)]
+    r = Param(np.array([32000, 0]), -10, 16)
+    for _ in range(20):
+        r.grad, r.grad_exp = np.array([-2000, 0]), r.exp
+        S([r], lr_mode="shift", lr_shift=0, rounding="rne", adapt_exp=True).step()
+    assert saturation([r]) == [(0, 2)] and int(r.acc[0]) < 1 << 14 and r.exp > -10
+
+
+def test_decay_shrinks_toward_zero():
+    from inttrain.micro.optim import SGD as S
+
+    p = Param(np.array([1024, -1024, 3]), 0, 16)
+    p.grad, p.grad_exp = np.zeros(3, dtype=np.int32), 0
+    S([p], lr_mode="shift", lr_shift=0, rounding="rne", decay_shift=4).step()
+    assert p.acc.tolist() == [960, -960, 3]                            # 1024 / 16 = 64; 3 / 16 rounds to 0

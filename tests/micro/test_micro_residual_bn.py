@@ -55,13 +55,15 @@ def test_bn_forward_normalizes_per_channel():
 
 
 def _float_bn_grads(bn, g):
-    """Float BN backward with the same statistics (range 2**k at the input exponent)."""
+    """Float BN backward with the same statistics (range 2**k at the input exponent); the projection on the
+    normalized input divides by sum(xf^2), as for a unit-variance input (docs §4.2)."""
     ex, shape, xh, r, k, g8 = bn.saved
     gc = np.moveaxis(g.to_float(), 1, 0).reshape(shape[1], -1)
     xf = xh / 128.0
     gamma = g8.q.astype(np.float64) * 2.0 ** g8.exp
     sigma = 2.0 ** (k + ex)
-    gx = gamma[:, None] / sigma[:, None] * (gc - gc.mean(1, keepdims=True) - xf * (gc * xf).mean(1, keepdims=True))
+    proj = (gc * xf).sum(1, keepdims=True) / np.maximum((xf * xf).sum(1, keepdims=True), 1e-300)
+    gx = gamma[:, None] / sigma[:, None] * (gc - gc.mean(1, keepdims=True) - xf * proj)
     gx[r == 0] = 0
     return gx, (gc * xf).sum(1), gc.sum(1)
 
@@ -152,3 +154,20 @@ def test_bn_residual_cnn_trains_on_digits(digits):
         train_epoch(m, opt, xtr, -7, ytr, 32, seed=ep)
     acc = evaluate(m, xte, -7, yte)
     assert acc > 0.85, acc
+
+
+def test_projection_coefficient_divides_by_the_input_energy_and_is_capped():
+    from inttrain.micro.layers import PROJ_CAP, projection_coefficient
+
+    xh = np.array([[3, -5, 8, 0], [0, 0, 0, 0]], dtype=np.int64)
+    g = np.array([[7, 1, -2, 4], [1, 2, 3, 4]], dtype=np.int64)
+    dgamma = (g * xh).sum(1)                                         # [0, 0]... first row: 21 - 5 - 16 = 0
+    assert projection_coefficient(dgamma, xh).tolist() == [0, 0]
+    g[0] = [9, 1, 2, 4]                                              # sum(G Xh) = 27 - 5 + 16 = 38; sum(Xh^2) = 98
+    pg = projection_coefficient((g * xh).sum(1), xh)
+    assert pg.tolist() == [(38 * 16384 + 49) // 98, 0]               # rdiv(38 * 2**14, 98) = 6353
+    # Xh concentrated on one large value among many small ones: the coefficient hits the int32-keeping cap
+    xh = np.array([[32] + [1] * 9999], dtype=np.int64)
+    g = np.full_like(xh, 127)
+    pg = projection_coefficient((g * xh).sum(1), xh)
+    assert pg.tolist() == [PROJ_CAP // 32] and int(np.abs(xh * pg[:, None]).max()) <= PROJ_CAP

@@ -10,15 +10,9 @@ import numpy as np
 import pytest
 
 from inttrain.micro import SGD, Sequential, evaluate, train_epoch
+from micro_utils import CNN, MLP
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-MLP = {"input_shape": [64], "layers": [
-    {"type": "linear", "in_features": 64, "out_features": 128}, {"type": "relu"},
-    {"type": "linear", "in_features": 128, "out_features": 10}]}
-CNN = {"input_shape": [1, 8, 8], "layers": [
-    {"type": "conv2d", "in_channels": 1, "out_channels": 8, "kernel_size": 3, "padding": 1}, {"type": "relu"},
-    {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"},
-    {"type": "linear", "in_features": 128, "out_features": 10}]}
 
 
 @pytest.fixture(scope="module")

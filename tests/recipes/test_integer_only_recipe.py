@@ -14,11 +14,13 @@ from inttrain.recipes.integer_only import IntegerOnlyConfig, convert, float_to_c
 
 def test_config_frozen_and_validated():
     c = IntegerOnlyConfig()
-    assert (c.lr_shift, c.weight_bits, c.momentum_shift) == (8, 16, None)
-    assert c.rounding == {"forward": "rne", "backward": "pstoch", "update": "pstoch"}
+    assert (c.lr_mode, c.lr_bits, c.lr_shift, c.weight_bits, c.momentum_shift) == ("norm", 10, 8, 16, None)
+    assert c.adapt_exp and c.decay_shift is None
+    assert c.rounding == {"forward": "rne", "backward": "rne", "update": "pstoch"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.lr_shift = 3
-    for bad in ({"weight_bits": 12}, {"lr_shift": 63}, {"momentum_shift": 0}, {"update_rounding": "up"}):
+    for bad in ({"weight_bits": 12}, {"lr_shift": 63}, {"momentum_shift": 0}, {"update_rounding": "up"},
+                {"lr_mode": "adam"}, {"lr_bits": 15}, {"decay_shift": 0}):
         with pytest.raises(ValueError):
             IntegerOnlyConfig(**bad)
 
@@ -35,7 +37,7 @@ def test_float_to_codes():
 def test_convert_mlp_copies_weights_and_checks_modules():
     torch.manual_seed(0)
     f = nn.Sequential(nn.Linear(64, 32, bias=False), nn.ReLU(), nn.Linear(32, 10, bias=False))
-    cfg = IntegerOnlyConfig(weight_bits=8, momentum_shift=2, lr_shift=7)
+    cfg = IntegerOnlyConfig(weight_bits=8, momentum_shift=2, lr_shift=7, lr_mode="shift")
     m = convert(f, cfg)
     assert isinstance(m, T.Sequential) and m.desc["input_shape"] == [64] and m.desc["weight_bits"] == 8
     for (_, p), lin in zip(m.named_params(), (f[0], f[2])):
@@ -77,14 +79,14 @@ def test_converted_cnn_matches_float_forward_and_trains(digits, tmp_path):
     """Measured: 0.928 test accuracy after 2 epochs (lr 2**-6, batch 32) from torch's default init (seed 0)."""
     xtr, xte, ytr, yte = digits
     f = _cnn()
-    m = convert(f, IntegerOnlyConfig(lr_shift=6), input_shape=[1, 8, 8])
+    m = convert(f, IntegerOnlyConfig(lr_shift=6, lr_mode="shift"), input_shape=[1, 8, 8])
     xb = torch.from_numpy(xtr[:64])
     logits = m.forward(T.IntTensor(xb, -7)).to_float()
     with torch.no_grad():
         ref = f(xb.float() * 2.0 ** -7).double()
     cos = float((logits * ref).sum() / logits.norm() / ref.norm())
     assert cos > 0.99, cos                                           # the integer forward is the float one
-    opt = optimizer(m, IntegerOnlyConfig(lr_shift=6))
+    opt = optimizer(m, IntegerOnlyConfig(lr_shift=6, lr_mode="shift"))
     for ep in range(2):
         T.train_epoch(m, opt, xtr, -7, ytr, 32, seed=ep)
     acc = T.evaluate(m, xte, -7, yte)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..micro.layers import PROJ_CAP
 from .ops import IntTensor, check_int32, gemm, qmax, requantize, saturate, shift, shift_left_saturate, shift_round
 
 _MASTER_DTYPE = {16: torch.int16, 8: torch.int8}
@@ -31,6 +32,7 @@ class Param:
         self.bits = bits
         self.acc = acc.to(_MASTER_DTYPE[bits])
         self.exp = int(exp)
+        self.exp0 = int(exp)         # the initial exponent (micro's Param.exp0)
         self.grad: torch.Tensor | None = None
         self.grad_exp = 0
         self.mom: torch.Tensor | None = None
@@ -39,7 +41,9 @@ class Param:
     def from_micro(cls, p, device: torch.device | str | None = None) -> "Param":
         """Copy a :class:`inttrain.micro.layers.Param` (NumPy codes) into torch."""
         acc = torch.from_numpy(np.array(p.acc, copy=True))        # a writable copy (micro's codes may be read-only)
-        return cls(acc.to(device) if device is not None else acc, p.exp, p.bits)
+        out = cls(acc.to(device) if device is not None else acc, p.exp, p.bits)
+        out.exp0 = p.exp0
+        return out
 
     def int8(self) -> IntTensor:
         """The int8 weight view used by the GEMMs: sat8(shift_round(W16, 8, rne)) at exp + 8 (int16)."""
@@ -373,8 +377,12 @@ class BatchNorm(Layer):
         if not self.need_input_grad:
             return None
         mb = rdiv(check_int32(dbeta << 7, "batchnorm mean"), m)
-        mg = rdiv(dgamma, m)
-        h = (gc << 14) - (mb << 7)[:, None] - xh * mg[:, None]
+        sxx = torch.clamp((xh * xh).sum(dim=1), min=1)              # micro's projection_coefficient (§4.2)
+        pg = rdiv(dgamma << 14, sxx)
+        amx = torch.clamp(xh.abs().amax(dim=1), min=1)
+        cap = torch.div(torch.full_like(amx, PROJ_CAP), amx, rounding_mode="floor")
+        pg = torch.maximum(torch.minimum(pg, cap), -cap)
+        h = (gc << 14) - (mb << 7)[:, None] - xh * pg[:, None]
         a = check_int32(g8.q.to(torch.int64)[:, None] * h, "batchnorm input grad")
         live = r > 0
         kmin = int(k[live].min()) if bool(live.any()) else 0

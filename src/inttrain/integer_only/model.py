@@ -41,7 +41,7 @@ class Sequential:
         """A micro model holding a copy of these master weights (e.g. for ``micro.save_model``)."""
         m = micro.Sequential.from_description(self.desc)
         for (_, mp), (_, p) in zip(m.named_params(), self.named_params()):
-            mp.acc, mp.exp = p.acc.cpu().numpy().copy(), p.exp
+            mp.acc, mp.exp, mp.exp0 = p.acc.cpu().numpy().copy(), p.exp, p.exp0
         return m
 
     def named_params(self) -> list[tuple[str, Param]]:
@@ -138,8 +138,11 @@ def _device(model: Sequential) -> torch.device:
 
 
 def train_epoch(model: Sequential, opt, x, x_exp: int, y, batch_size: int, seed: int = 0,
-                log=None, log_every: int = 0) -> tuple[float, float]:
-    """One pass in micro's order (``numpy.random.default_rng(seed).permutation``); (display loss, accuracy)."""
+                log=None, log_every: int = 0, schedule=None, global_step: int = 0) -> tuple[float, float]:
+    """One pass in micro's order (``numpy.random.default_rng(seed).permutation``); (display loss, accuracy).
+
+    ``schedule`` (:class:`inttrain.micro.optim.Schedule`): sets ``opt.multiplier`` before each step from the
+    global step ``global_step + i``, as micro's ``train_epoch``."""
     if tuple(x.shape[1:]) != tuple(model.desc["input_shape"]):
         raise ValueError(f"x has sample shape {tuple(x.shape[1:])}, model wants {tuple(model.desc['input_shape'])}")
     model.check_batch(batch_size)
@@ -152,6 +155,8 @@ def train_epoch(model: Sequential, opt, x, x_exp: int, y, batch_size: int, seed:
     for step, start in enumerate(range(0, len(xt), batch_size)):
         idx = order[start:start + batch_size]
         yb = yt[idx]
+        if schedule is not None:
+            opt.multiplier = schedule.multiplier(global_step + step)
         r = train_step(model, opt, IntTensor(xt[idx], int(x_exp)), yb)
         losses.append(display_loss(r.logits, yb))
         correct += int((r.logits.q.argmax(dim=1) == yb).sum())

@@ -16,12 +16,12 @@ from .ops import IntTensor, requantize, saturate, shift_round
 from .gemm import int_matmul, int_matmul_reference
 from .layers import AvgPool2d, BatchNorm, Conv2d, Flatten, Linear, MaxPool2d, ReLU, Residual, add_aligned
 from .loss import softmax_cross_entropy_grad
-from .optim import SGD
-from .model import Sequential, evaluate, load_data, load_model, save_model, train_epoch
+from .optim import SGD, Schedule, saturation
+from .model import EpochState, Sequential, evaluate, load_data, load_model, run_epoch, save_model, train_epoch
 
 __all__ = [
     "MicroFormatError", "IntTensor", "requantize", "saturate", "shift_round", "int_matmul",
     "int_matmul_reference", "AvgPool2d", "BatchNorm", "Residual", "add_aligned", "Conv2d", "Flatten", "Linear", "MaxPool2d", "ReLU",
-    "softmax_cross_entropy_grad", "SGD", "Sequential", "evaluate", "load_data", "load_model",
-    "save_model", "train_epoch",
+    "softmax_cross_entropy_grad", "SGD", "Schedule", "saturation", "EpochState", "Sequential", "evaluate",
+    "load_data", "load_model", "run_epoch", "save_model", "train_epoch",
 ]

@@ -65,6 +65,7 @@ class Param:
         self.bits = bits
         self.acc = acc.astype(np.int16 if bits == 16 else np.int8)
         self.exp = int(exp)
+        self.exp0 = int(exp)         # the initial exponent: the norm rule's steps are in its units (optim.py)
         self.grad: np.ndarray | None = None
         self.grad_exp = 0
         self.mom: np.ndarray | None = None
@@ -591,6 +592,22 @@ def _rows_shift(a: np.ndarray, s: np.ndarray, mode: str) -> np.ndarray:
     return out
 
 
+PROJ_CAP = 1 << 21          # |Xh * pg| <= 2**21 = |G << 14| bound: |g8 * h| < 127 * 3 * 2**21 < 2**31 (§4.2)
+
+
+def projection_coefficient(dgamma: np.ndarray, xh: np.ndarray) -> np.ndarray:
+    """pg = rdiv(sum(G Xh) * 2**14, sum(Xh^2)) per channel, capped to |pg| <= PROJ_CAP // max|Xh| (docs §4.2).
+
+    Xh * pg (at eg - 14) is the projection of the error on the normalized input. Float batch norm subtracts
+    Xh * mean(G Xh) for a unit-variance Xh; this Xh = D / 2**k has a variance of ~1/144, so the projection is
+    divided by sum(Xh^2) instead of M. The cap (rarely reached: only when Xh is concentrated on a few values)
+    keeps every term of the input gradient within int32."""
+    sxx = (xh * xh).sum(axis=1)
+    pg = rdiv(dgamma.astype(np.int64) << 14, np.maximum(sxx, 1))
+    cap = PROJ_CAP // np.maximum(np.abs(xh).max(axis=1), 1) if xh.shape[1] else np.zeros(len(xh), dtype=np.int64)
+    return np.clip(pg, -cap, cap)
+
+
 class BatchNorm(Layer):
     """Integer range batch normalization with power-of-two range scaling (docs §4.2).
 
@@ -647,8 +664,8 @@ class BatchNorm(Layer):
         if not self.need_input_grad:
             return None
         mb = rdiv(check_int32(dbeta << 7, "batchnorm mean"), m)         # mean(G) at eg - 7
-        mg = rdiv(dgamma, m)                                              # mean(G * Xh) at eg - 7
-        h = (gc << 14) - (mb << 7)[:, None] - xh * mg[:, None]            # at eg - 14
+        pg = projection_coefficient(dgamma, xh)
+        h = (gc << 14) - (mb << 7)[:, None] - xh * pg[:, None]            # at eg - 14
         a = check_int32(g8.q.astype(np.int64)[:, None] * h, "batchnorm input grad")
         live = r > 0
         kmin = int(k[live].min()) if live.any() else 0

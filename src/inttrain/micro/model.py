@@ -20,7 +20,8 @@ MAX_EXP = 64                       # |scale exponent| bound for weights and data
 MAX_DIM = 1 << 16
 MAX_LAYERS = 64
 MAX_DEPTH = 4                      # residual nesting
-DEFAULT_ROUNDING = {"forward": "rne", "backward": "pstoch", "update": "pstoch"}
+# backward rne: NITI's pseudo-stochastic error rounding blows up deeper nets (docs §7, "Choosing the defaults")
+DEFAULT_ROUNDING = {"forward": "rne", "backward": "rne", "update": "pstoch"}
 
 
 def _int(d: dict, key: str, lo: int, hi: int, where: str, default: int | None = None) -> int:
@@ -259,6 +260,27 @@ def check_batch_layers(specs: list[dict], shape: tuple, batch_size: int) -> tupl
     return shape
 
 
+def max_batch(desc: dict, limit: int | None = None) -> int:
+    """The largest batch size ``check_batch`` accepts for a validated description (int32 reductions, memory)."""
+    lo, hi = 1, 1
+    while hi < (1 << 40) and _batch_ok(desc, hi * 2, limit):
+        hi *= 2
+    hi *= 2                                           # ok(lo) (validated descriptions accept batch 1), not ok(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _batch_ok(desc, mid, limit) else (lo, mid)
+    return lo
+
+
+def _batch_ok(desc: dict, batch_size: int, limit: int | None) -> bool:
+    try:
+        check_batch_layers(desc["layers"], tuple(desc["input_shape"]), batch_size)
+        check_memory(desc, batch_size, "", limit)
+    except ValueError:
+        return False
+    return True
+
+
 class Sequential:
     def __init__(self, layers: list[Layer], desc: dict):
         self.layers, self.desc = layers, desc
@@ -291,34 +313,96 @@ class Sequential:
 
     def check_batch(self, batch_size: int) -> None:
         """Weight-gradient reductions run over batch (x output pixels): keep them int32-safe; and a batch's
-        activations must fit in memory."""
-        check_batch_layers(self.desc["layers"], tuple(self.desc["input_shape"]), batch_size)
-        check_memory(self.desc, batch_size, f"--batch-size {batch_size}")
+        activations must fit in memory. The error names the largest batch the model allows."""
+        try:
+            check_batch_layers(self.desc["layers"], tuple(self.desc["input_shape"]), batch_size)
+            check_memory(self.desc, batch_size, f"--batch-size {batch_size}")
+        except ValueError as e:
+            raise type(e)(f"{e}; the largest batch this model allows is {max_batch(self.desc)}") from None
+
+
+def check_input(model: Sequential, x: np.ndarray, where: str = "data") -> None:
+    """MicroFormatError unless the samples of ``x`` have the model's input shape (with a hint for the usual
+    mistakes: a missing channel axis, images for a linear-first model)."""
+    got, want = tuple(x.shape[1:]), tuple(model.desc["input_shape"])
+    if got == want:
+        return
+    hint = ""
+    if len(want) == 3 and got == want[1:] and want[0] == 1:
+        hint = "; add the channel axis (x[:, None]) or write the data with `python -m inttrain.micro convert`"
+    elif len(want) == 1 and int(np.prod(got)) == want[0]:
+        hint = "; flatten the samples (x.reshape(len(x), -1)) or use `convert --flatten`"
+    raise MicroFormatError(f"{where}: x has sample shape {got}, model wants {want}{hint}")
 
 
 def _check_input(model: Sequential, x: np.ndarray, x_exp: int) -> None:
-    if tuple(x.shape[1:]) != tuple(model.desc["input_shape"]):
-        raise MicroFormatError(f"data: x has sample shape {tuple(x.shape[1:])}, model wants {tuple(model.desc['input_shape'])}")
+    check_input(model, x)
 
 
 def train_epoch(model: Sequential, opt, x: np.ndarray, x_exp: int, y: np.ndarray, batch_size: int,
-                seed: int = 0, log=None, log_every: int = 0) -> tuple[float, float]:
-    """One pass over shuffled data; returns (mean display loss, training accuracy)."""
+                seed: int = 0, log=None, log_every: int = 0, schedule=None, global_step: int = 0) -> tuple[float, float]:
+    """One pass over shuffled data; returns (mean display loss, training accuracy).
+
+    ``schedule`` (an :class:`inttrain.micro.optim.Schedule`): sets ``opt.multiplier`` before each step from the
+    global step ``global_step + i``."""
+    r = run_epoch(model, opt, x, x_exp, y, batch_size, seed, log=log, log_every=log_every, schedule=schedule,
+                  global_step=global_step)
+    return r.loss, r.accuracy
+
+
+class EpochState:
+    """Progress through one epoch: steps done and the running display-loss sum / correct count (so an epoch
+    stopped and resumed mid-way reports the same numbers as an uninterrupted one)."""
+
+    def __init__(self, step: int = 0, loss_sum: float = 0.0, correct: int = 0, seen: int = 0, done: bool = False):
+        self.step, self.loss_sum, self.correct, self.seen, self.done = step, loss_sum, correct, seen, done
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "loss_sum": self.loss_sum, "correct": self.correct, "seen": self.seen}
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(1, self.step)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / max(1, self.seen)
+
+
+def run_epoch(model: Sequential, opt, x: np.ndarray, x_exp: int, y: np.ndarray, batch_size: int, seed: int,
+              state: EpochState | None = None, log=None, log_every: int = 0, schedule=None, global_step: int = 0,
+              stop=None) -> EpochState:
+    """The steps of one epoch (order ``default_rng(seed).permutation``) from ``state.step`` on.
+
+    ``global_step``: the run's step count at this epoch's first step (for ``schedule``); ``stop()``: checked
+    after every step, True ends the epoch early (``state.done`` stays False and ``state.step`` says where to
+    continue)."""
     _check_input(model, x, x_exp)
     model.check_batch(batch_size)
+    st = state if state is not None else EpochState()
     order = np.random.default_rng(seed).permutation(len(x))
-    losses, correct = [], 0
-    for step, start in enumerate(range(0, len(x), batch_size)):
-        idx = order[start:start + batch_size]
+    starts = range(0, len(x), batch_size)
+    recent: list[float] = []
+    for step in range(st.step, len(starts)):
+        idx = order[starts[step]:starts[step] + batch_size]
+        if schedule is not None:
+            opt.multiplier = schedule.multiplier(global_step + step)
         logits = model.forward(IntTensor(x[idx], x_exp))
         err, _ = softmax_cross_entropy_grad(logits, y[idx])
         model.backward(err)
         opt.step()
-        losses.append(display_loss(logits, y[idx]))
-        correct += int((logits.q.argmax(axis=1) == y[idx]).sum())
-        if log and log_every and (step + 1) % log_every == 0:
-            log(f"  step {step + 1} loss {np.mean(losses[-log_every:]):.4f}")
-    return float(np.mean(losses)), correct / max(1, len(x))
+        loss = display_loss(logits, y[idx])
+        st.loss_sum += loss
+        st.correct += int((logits.q.argmax(axis=1) == y[idx]).sum())
+        st.seen += len(idx)
+        st.step = step + 1
+        recent.append(loss)
+        if log and log_every and st.step % log_every == 0:
+            log(f"  step {st.step} loss {np.mean(recent[-log_every:]):.4f}")
+        if stop is not None and st.step < len(starts) and stop():
+            return st
+    st.done = True
+    return st
 
 
 def predict(model: Sequential, x: np.ndarray, x_exp: int, batch_size: int = 256) -> np.ndarray:
@@ -352,11 +436,11 @@ def load_data(path: str | os.PathLike, num_classes: int | None = None) -> tuple[
     return x, int(xe), y.astype(np.int64)
 
 
-def save_model(model: Sequential, out_dir: str | os.PathLike, extra: dict | None = None) -> Path:
-    """OUT_DIR/model.json (description + parameter formats) and OUT_DIR/weights.safetensors.
+def write_dir_atomic(out_dir: str | os.PathLike, write) -> Path:
+    """Fill a fresh folder with ``write(tmp_path)`` and rename it into place as ``out_dir``.
 
     The folder is written complete under a temporary name next to OUT_DIR, then renamed into place
-    (an existing OUT_DIR is moved aside first and removed after): a killed save leaves the old model
+    (an existing OUT_DIR is moved aside first and removed after): a killed save leaves the old folder
     or the new one, never a mix. Leftover ``.OUT_DIR.tmp-*`` folders of killed saves are removed here.
     """
     import shutil
@@ -368,13 +452,7 @@ def save_model(model: Sequential, out_dir: str | os.PathLike, extra: dict | None
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        named = model.named_params()
-        write_safetensors(tmp / "weights.safetensors", {n: p.acc for n, p in named}, {"format": FORMAT})
-        doc = dict(model.desc)
-        doc["params"] = {n: {"bits": p.bits, "exp": p.exp, "shape": list(p.acc.shape)} for n, p in named}
-        if extra:
-            doc["info"] = extra
-        (tmp / "model.json").write_text(json.dumps(doc, indent=1))
+        write(tmp)
         old = None
         if out.exists():
             old = out.parent / f"{tmp.name}-old"
@@ -388,13 +466,38 @@ def save_model(model: Sequential, out_dir: str | os.PathLike, extra: dict | None
     return out
 
 
-def load_model(model_dir: str | os.PathLike) -> Sequential:
-    """Load and validate a saved model: description, parameter formats, shapes, dtypes, code ranges."""
+def model_doc(model: Sequential, extra: dict | None = None) -> dict:
+    """The ``model.json`` document of ``model``: its description, parameter formats and ``info`` (``extra``)."""
+    doc = dict(model.desc)
+    doc["params"] = {n: {"bits": p.bits, "exp": p.exp, "shape": list(p.acc.shape)} for n, p in model.named_params()}
+    if extra:
+        doc["info"] = extra
+    return doc
+
+
+def write_model_files(model: Sequential, folder: Path, extra: dict | None = None) -> None:
+    """``folder/model.json`` and ``folder/weights.safetensors`` of ``model`` (no atomicity of their own)."""
+    write_safetensors(folder / "weights.safetensors", {n: p.acc for n, p in model.named_params()}, {"format": FORMAT})
+    (folder / "model.json").write_text(json.dumps(model_doc(model, extra), indent=1))
+
+
+def save_model(model: Sequential, out_dir: str | os.PathLike, extra: dict | None = None) -> Path:
+    """OUT_DIR/model.json (description + parameter formats) and OUT_DIR/weights.safetensors, written
+    atomically (:func:`write_dir_atomic`)."""
+    return write_dir_atomic(out_dir, lambda tmp: write_model_files(model, tmp, extra))
+
+
+def load_model(model_dir: str | os.PathLike, rounding: dict | None = None) -> Sequential:
+    """Load and validate a saved model: description, parameter formats, shapes, dtypes, code ranges.
+
+    ``rounding``: rounding modes to use instead of the saved ones (keys forward / backward / update)."""
     d = Path(model_dir)
     doc = read_json(d / "model.json")
     params_doc = doc.pop("params", None)
     doc.pop("info", None)
     validate_description(doc, str(d / "model.json"))            # errors name the file
+    if rounding:
+        doc["rounding"] = {**doc.get("rounding", {}), **rounding}
     model = Sequential.from_description(doc)
     tensors, _ = read_safetensors(d / "weights.safetensors")
     return set_params(model, params_doc, tensors, str(d / "model.json"), str(d / "weights.safetensors"))

@@ -1,37 +1,193 @@
-"""Integer SGD (docs/integer-training.md §7).
+"""Integer SGD and its integer learning-rate schedule (docs/integer-training.md §7).
 
-With learning rate 2**-lr_shift the real update is lr * grad; in codes of the master weight
-(exponent p.exp) that is grad * 2**(grad_exp - lr_shift - p.exp), i.e. a right shift by
-s = p.exp + lr_shift - grad_exp (rounded with ``rounding``; s < 0 is a saturating left shift).
+Two step-size rules (``lr_mode``):
+
+* ``"shift"`` (NITI-style, the C code generator's rule): learning rate 2**-lr_shift on the summed batch
+  gradient. In codes of the master weight (exponent p.exp) the step is grad * 2**(grad_exp - lr_shift - p.exp),
+  a right shift by s = p.exp + lr_shift - grad_exp (rounded with ``rounding``; s < 0 is a saturating left shift).
+  Its good value depends on the batch size, the data scale and the depth (every task needs a sweep).
+* ``"norm"`` (per-tensor gradient normalisation, the CLI default): the step is the gradient shifted so that
+  its largest element becomes 2**lr_bits codes at the tensor's *initial* exponent p.exp0:
+  s = bitlen(max|grad|) - lr_bits + (p.exp - p.exp0). The step is then a fixed fraction of each tensor's
+  initial code range whatever the gradient's scale, so one default fits every layer and task; counting it
+  in initial codes keeps an adapted (raised) exponent from enlarging the real step.
+
+A schedule multiplier ``multiplier`` (Q8: 256 = 1.0, set each step by :class:`Schedule`) scales the step:
+U = shift(grad * m, s + 8) when m != 256 (m == 256 is exactly the unscheduled shift(grad, s)).
 Optional momentum with beta = 1 - 2**-momentum_shift keeps an int32 buffer v in the same codes:
-v <- v - rne_shift(v, momentum_shift) + u; the step is then v. Weights saturate to their range.
+v <- v - rne_shift(v, momentum_shift) + U; the step is then v. Optional decay: W <- W - rne_shift(W, decay_shift).
+``adapt_exp``: after the step, a tensor whose largest |code| reached 2**(bits-2) (half its range) is
+halved (rne) and its exponent raised by one (the momentum buffer likewise), so master weights keep
+headroom and never sit at the saturation limit; the value is unchanged up to the halved rounding.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .layers import Param
-from .ops import INT32_MAX, absmax, qmax, shift, shift_round_fast
+from .ops import INT32_MAX, absmax, qmax, shift, shift_round, shift_round_fast
+
+LR_MODES = ("shift", "norm")
+SCHEDULES = ("const", "step", "cosine")
+ONE_Q8 = 256
+# 0.5 * (1 + cos(pi * i / 256)) in Q8, i = 0..256: the cosine schedule's multipliers (integers, so both
+# engines and any board use the same table; sum stated in the docs as a checksum)
+COS_Q8 = tuple(int(math.floor(128 * (1 + math.cos(math.pi * i / 256)) + 0.5)) for i in range(257))
+COS_Q8_SUM = sum(COS_Q8)
 
 
-class SGD:
-    def __init__(self, params: list[Param], lr_shift: int, momentum_shift: int | None = None,
-                 rounding: str = "pstoch"):
+class Schedule:
+    """Integer step-size multiplier (Q8, 0..256) as a function of the global step.
+
+    ``warmup_steps``: linear ramp ((t + 1) * 256 // warmup_steps) over the first steps. Then ``const``: 256;
+    ``step``: 256 >> (t // step_every) (halving every ``step_every`` steps: 0 from the 9th halving on);
+    ``cosine``: COS_Q8[256 * t // (total_steps - warmup_steps)] (t counted after the warm-up).
+    """
+
+    def __init__(self, kind: str = "const", total_steps: int = 1, warmup_steps: int = 0, step_every: int = 1):
+        if kind not in SCHEDULES:
+            raise ValueError(f"unknown schedule {kind!r}; allowed: {', '.join(SCHEDULES)}")
+        if total_steps < 1 or warmup_steps < 0 or step_every < 1:
+            raise ValueError("schedule: total_steps >= 1, warmup_steps >= 0, step_every >= 1")
+        self.kind, self.total, self.warmup, self.every = kind, int(total_steps), int(warmup_steps), int(step_every)
+
+    def multiplier(self, step: int) -> int:
+        if step < self.warmup:
+            return (step + 1) * ONE_Q8 // self.warmup
+        t = step - self.warmup
+        if self.kind == "step":
+            k = t // self.every
+            return ONE_Q8 >> min(k, 9)
+        if self.kind == "cosine":
+            return COS_Q8[min(256, 256 * t // max(1, self.total - self.warmup))]
+        return ONE_Q8
+
+
+def saturation(params: list[Param]) -> list[tuple[int, int]]:
+    """(codes at the integer limit +-qmax(bits), size) of each parameter's master codes."""
+    return [(int(np.count_nonzero(np.abs(p.acc.astype(np.int32)) >= qmax(p.bits))), int(p.acc.size)) for p in params]
+
+
+class NumpyOps:
+    """The array operations the integer SGD needs, on NumPy (the torch twin: ``inttrain.integer_only.optim``).
+
+    The update rule (:class:`SGDCore`) is written once against this interface, so both engines run the same
+    code; only these primitives differ, and each is exact integer arithmetic in both libraries."""
+
+    shift = staticmethod(shift)
+    shift_round = staticmethod(shift_round)
+    absmax = staticmethod(absmax)
+    clip = staticmethod(np.clip)
+
+    @staticmethod
+    def wide(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int64)
+
+    @staticmethod
+    def int32(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int32)
+
+    @staticmethod
+    def cast_like(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        return a.astype(ref.dtype)
+
+    @staticmethod
+    def zeros(ref: np.ndarray, bits: int) -> np.ndarray:
+        return np.zeros(ref.shape, dtype=np.int64 if bits == 64 else np.int32)
+
+
+class SGDCore:
+    """Integer SGD over ``params`` (module docstring, docs §7), written against the array namespace ``OPS``."""
+
+    OPS = NumpyOps
+
+    def __init__(self, params: list, lr_shift: int = 6, momentum_shift: int | None = None,
+                 rounding: str = "pstoch", *, lr_mode: str = "shift", lr_bits: int = 4, adapt_exp: bool = False,
+                 decay_shift: int | None = None):
+        if lr_mode not in LR_MODES:
+            raise ValueError(f"unknown lr_mode {lr_mode!r}; allowed: {', '.join(LR_MODES)}")
         if not 0 <= int(lr_shift) <= 62:
             raise ValueError("lr_shift must be in [0, 62]")
+        if not 0 <= int(lr_bits) <= 14:
+            raise ValueError("lr_bits must be in [0, 14]")
         if momentum_shift is not None and not 1 <= int(momentum_shift) <= 16:
             raise ValueError("momentum_shift must be in [1, 16]")
+        if decay_shift is not None and not 1 <= int(decay_shift) <= 30:
+            raise ValueError("decay_shift must be in [1, 30]")
         self.params, self.lr_shift, self.momentum_shift, self.rounding = params, int(lr_shift), momentum_shift, rounding
+        self.lr_mode, self.lr_bits, self.adapt_exp, self.decay_shift = lr_mode, int(lr_bits), bool(adapt_exp), decay_shift
+        self.multiplier = ONE_Q8
+
+    def config(self) -> dict:
+        """The optimizer's settings (recorded in saved models and checkpoints)."""
+        return {"lr_mode": self.lr_mode, "lr_shift": self.lr_shift, "lr_bits": self.lr_bits,
+                "momentum_shift": self.momentum_shift, "rounding": self.rounding, "adapt_exp": self.adapt_exp,
+                "decay_shift": self.decay_shift}
+
+    def step_shift(self, p) -> int | None:
+        """s of the step U = grad * 2**-s in codes of p.acc (None: an all-zero gradient in ``norm`` mode)."""
+        if self.lr_mode == "shift":
+            return p.exp + self.lr_shift - p.grad_exp
+        top = self.OPS.absmax(p.grad).bit_length()
+        return None if top == 0 else top - self.lr_bits + p.exp - p.exp0
+
+    def update_codes(self, p):
+        """The (signed) step in codes of p.acc before momentum."""
+        ops, s = self.OPS, self.step_shift(p)
+        if s is None:
+            return ops.zeros(p.grad, 64)
+        if self.multiplier == ONE_Q8:
+            return ops.shift(p.grad, s, self.rounding, INT32_MAX)
+        return ops.shift(ops.wide(p.grad) * self.multiplier, s + 8, self.rounding, INT32_MAX)
+
+    def step_param(self, p) -> None:
+        """Momentum, decay, the saturating update and the exponent adaptation of one parameter."""
+        ops = self.OPS
+        u = self.update_codes(p)
+        if self.momentum_shift is not None:
+            if p.mom is None:
+                p.mom = ops.zeros(p.acc, 32)
+            v = ops.wide(p.mom)
+            v = ops.clip(v - ops.shift(v, self.momentum_shift, "rne") + u, -INT32_MAX, INT32_MAX)
+            p.mom = ops.int32(v)
+            u = v
+        w = ops.wide(p.acc)
+        if self.decay_shift is not None:
+            u = u + ops.shift_round(w, self.decay_shift, "rne")
+        m = qmax(p.bits)
+        w = ops.clip(w - u, -m, m)
+        if self.adapt_exp and ops.absmax(w) >= 1 << (p.bits - 2):
+            w = ops.shift_round(w, 1, "rne")
+            p.exp += 1
+            if p.mom is not None:
+                p.mom = ops.int32(ops.shift_round(p.mom, 1, "rne"))
+        p.acc = ops.cast_like(w, p.acc)
+        p.grad = None
+
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                self.step_param(p)
+
+
+class SGD(SGDCore):
+    """:class:`SGDCore` on NumPy, plus an exact int32 fast path for the plain shift rule."""
+
+    def __init__(self, params: list[Param], lr_shift: int = 6, momentum_shift: int | None = None,
+                 rounding: str = "pstoch", **kw):
+        super().__init__(params, lr_shift, momentum_shift, rounding, **kw)
         self._shadow: dict[int, tuple] = {}     # id(param) -> (the codes array written last, its int32 copy)
 
-    def update_codes(self, p: Param) -> np.ndarray:
-        """The (signed) step in codes of p.acc before momentum: round(grad * 2**(grad_exp - lr_shift - exp))."""
-        return shift(p.grad, p.exp + self.lr_shift - p.grad_exp, self.rounding, INT32_MAX)
-
     def _fast_update(self, p: Param) -> np.ndarray | None:
-        """The step in int32 when that is exact: an int32 gradient, 1 <= s <= 30 (so |U| <= 2**30 + 1 and
-        W - U cannot overflow int32) and, for rne, no overflow of G + 2**(s-1). None: use the int64 path."""
+        """The step in int32 when that is exact: the plain ``shift`` rule, an int32 gradient, 1 <= s <= 30 (so
+        |U| <= 2**30 + 1 and W - U cannot overflow int32) and, for rne, no overflow of G + 2**(s-1). None: use
+        the int64 path."""
+        if (self.lr_mode != "shift" or self.multiplier != ONE_Q8 or self.momentum_shift is not None
+                or self.adapt_exp or self.decay_shift is not None):
+            return None
         s = p.exp + self.lr_shift - p.grad_exp
         g = p.grad
         if g.dtype != np.int32 or not 1 <= s <= 30:
@@ -44,28 +200,17 @@ class SGD:
         for p in self.params:
             if p.grad is None:
                 continue
-            u = self._fast_update(p) if self.momentum_shift is None else None
-            if u is not None:
-                m = qmax(p.bits)
-                acc, w32 = self._shadow.get(id(p), (None, None))
-                if acc is not p.acc:                     # first step, or the codes were replaced from outside
-                    w32 = p.acc.astype(np.int32)
-                np.subtract(w32, u, out=w32)             # W - U in int32
-                np.clip(w32, -m, m, out=w32)
-                p.acc = w32.astype(p.acc.dtype)
-                p.acc.flags.writeable = False            # replace the codes, never edit them in place: the
-                self._shadow[id(p)] = (p.acc, w32)       # int32 copy of them is reused by the next step
-                p.grad = None
+            u = self._fast_update(p)
+            if u is None:
+                self.step_param(p)
                 continue
-            u = self.update_codes(p)
-            if self.momentum_shift is not None:
-                if p.mom is None:
-                    p.mom = np.zeros(p.acc.shape, dtype=np.int32)
-                v = p.mom.astype(np.int64)
-                v = v - shift(v, self.momentum_shift, "rne") + u
-                v = np.clip(v, -INT32_MAX, INT32_MAX)
-                p.mom = v.astype(np.int32)
-                u = v
             m = qmax(p.bits)
-            p.acc = np.clip(p.acc.astype(np.int64) - u, -m, m).astype(p.acc.dtype)
+            acc, w32 = self._shadow.get(id(p), (None, None))
+            if acc is not p.acc:                     # first step, or the codes were replaced from outside
+                w32 = p.acc.astype(np.int32)
+            np.subtract(w32, u, out=w32)             # W - U in int32
+            np.clip(w32, -m, m, out=w32)
+            p.acc = w32.astype(p.acc.dtype)
+            p.acc.flags.writeable = False            # replace the codes, never edit them in place: the
+            self._shadow[id(p)] = (p.acc, w32)       # int32 copy of them is reused by the next step
             p.grad = None

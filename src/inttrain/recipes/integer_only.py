@@ -16,8 +16,10 @@ What differs from NITI (see the doc for the exact arithmetic):
 - softmax cross-entropy: NITI approximates the error with a power-of-two softmax; here exp is a Q15
   exp2 table with a Q8 ``log2(e)`` factor and the probabilities are exact integer divisions in Q7;
 - update: NITI trains int8 weights with a bit-width-limited gradient; here the step is the exact int32
-  gradient shifted by ``lr_shift`` into int16 master weights (``weight_bits=16``, default) or the int8
-  weights themselves (``weight_bits=8``, NITI's setting), with optional integer momentum;
+  gradient shifted either so that each tensor's largest step is ``2**lr_bits`` codes (the default norm rule)
+  or by ``lr_shift`` (the shift rule), into int16 master weights (``weight_bits=16``, default) or the int8
+  weights themselves (``weight_bits=8``, NITI's setting), with optional integer momentum, decay and a Q8
+  schedule multiplier, and exponent adaptation that keeps master weights off the saturation limit;
 - rounding modes are configurable per direction (NITI: pseudo-stochastic rounding from the discarded bits);
 - convolutions have stride/padding, and there is a range batch norm and residual additions with
   exponent alignment (docs §4.1-§4.2), which NITI does not have. Biases are not supported (as in NITI).
@@ -46,8 +48,15 @@ class IntegerOnlyConfig:
     Args:
         forward_rounding / backward_rounding / update_rounding: shift rounding (``rne``, ``pstoch``,
             ``floor``) of activations, errors and weight updates (docs §2).
-        lr_shift: learning rate ``2**-lr_shift`` on the summed-batch gradient (0..62).
+        lr_mode: ``"norm"`` (default: each tensor's largest step is ``2**lr_bits`` codes at its starting
+            exponent, scale-free) or ``"shift"`` (learning rate ``2**-lr_shift`` on the summed-batch gradient,
+            NITI-style); docs §7.
+        lr_bits: the norm rule's largest step, 0..14 (default 10, as ``python -m inttrain.micro train``).
+        lr_shift: the shift rule's learning rate ``2**-lr_shift`` (0..62; used only with ``lr_mode="shift"``).
         momentum_shift: ``None`` (plain SGD) or ``m`` for beta = 1 - 2**-m (1..16).
+        adapt_exp: halve a tensor (exponent + 1) once it reaches half its code range (no saturated weights).
+        decay_shift: ``None`` or ``D``: weight decay ``W -= rne(W / 2**D)`` per step (1..30).
+        The schedule is the training loop's: ``inttrain.micro.optim.Schedule`` passed to ``train_epoch``.
         weight_bits: master weights, 16 (int16 accumulators) or 8 (NITI's int8 weights).
         drop_bias: biases are not part of the arithmetic; ``False`` refuses a model with a non-zero bias,
             ``True`` drops them.
@@ -56,10 +65,14 @@ class IntegerOnlyConfig:
 
     name = "integer-only"
     forward_rounding: str = "rne"
-    backward_rounding: str = "pstoch"
+    backward_rounding: str = "rne"
     update_rounding: str = "pstoch"
+    lr_mode: str = "norm"
+    lr_bits: int = 10
     lr_shift: int = 8
     momentum_shift: int | None = None
+    adapt_exp: bool = True
+    decay_shift: int | None = None
     weight_bits: int = 16
     drop_bias: bool = False
     seed: int = 0
@@ -68,11 +81,15 @@ class IntegerOnlyConfig:
         for f in ("forward_rounding", "backward_rounding", "update_rounding"):
             if getattr(self, f) not in ROUNDING_MODES:
                 raise ValueError(f"integer-only {f}={getattr(self, f)!r}: allowed {ROUNDING_MODES}")
-        if not isinstance(self.lr_shift, int) or isinstance(self.lr_shift, bool) or not 0 <= self.lr_shift <= 62:
-            raise ValueError(f"integer-only lr_shift={self.lr_shift!r}: allowed 0..62")
-        m = self.momentum_shift
-        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= 16):
-            raise ValueError(f"integer-only momentum_shift={m!r}: allowed None or 1..16")
+        if self.lr_mode not in ("norm", "shift"):
+            raise ValueError(f"integer-only lr_mode={self.lr_mode!r}: allowed 'norm' or 'shift'")
+        for f, lo, hi, optional in (("lr_shift", 0, 62, False), ("lr_bits", 0, 14, False),
+                                    ("momentum_shift", 1, 16, True), ("decay_shift", 1, 30, True)):
+            v = getattr(self, f)
+            if optional and v is None:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ValueError(f"integer-only {f}={v!r}: allowed {'None or ' if optional else ''}{lo}..{hi}")
         if self.weight_bits not in (8, 16) or isinstance(self.weight_bits, bool):
             raise ValueError(f"integer-only weight_bits={self.weight_bits!r}: allowed 8 or 16")
 
@@ -186,11 +203,14 @@ def convert(model: nn.Sequential, config: IntegerOnlyConfig | None = None, input
         if "weight" in ts:
             codes, exp = float_to_codes(ts["weight"].detach().cpu().double().numpy(), config.weight_bits)
             ml.weight.acc = codes.astype(ml.weight.acc.dtype)
-            ml.weight.exp = exp
+            ml.weight.exp = ml.weight.exp0 = exp          # the norm rule's step unit is the starting exponent
     return T.Sequential.from_micro(mm, device)
 
 
 def optimizer(model: T.Sequential, config: IntegerOnlyConfig | None = None) -> T.SGD:
-    """The integer SGD of ``config`` (lr shift, momentum shift, update rounding) over ``model``'s parameters."""
+    """The integer SGD of ``config`` (step rule, momentum, decay, exponent adaptation, update rounding) over
+    ``model``'s parameters."""
     config = config or IntegerOnlyConfig()
-    return T.SGD(model.params(), config.lr_shift, config.momentum_shift, config.update_rounding)
+    return T.SGD(model.params(), config.lr_shift, config.momentum_shift, config.update_rounding,
+                 lr_mode=config.lr_mode, lr_bits=config.lr_bits, adapt_exp=config.adapt_exp,
+                 decay_shift=config.decay_shift)

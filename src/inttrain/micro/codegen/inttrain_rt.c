@@ -471,20 +471,26 @@ int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, ui
             any = 1;
         }
     for (c = 0; c < bn->c; c++) {
-        int64_t dbeta = 0, dgamma = 0;
+        int64_t dbeta = 0, dgamma = 0, sxx = 0, amx = 0;
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 uint32_t at = (b * bn->c + c) * hw + j;
                 dbeta += g[at];
                 dgamma += (int64_t)g[at] * xh[at];
+                sxx += (int64_t)xh[at] * xh[at];
+                if (xh[at] > amx || -xh[at] > amx)
+                    amx = xh[at] > 0 ? xh[at] : -xh[at];
             }
         if (gx) {                                /* uses gamma before its update, as the forward did */
-            int64_t mb = it_rdiv(dbeta * 128, m_count), mg = it_rdiv(dgamma, m_count);
+            /* projection of G on Xh: rdiv(sum(G Xh) 2^14, sum(Xh^2)), capped to 2^21 / max|Xh| (spec §4.2) */
+            int64_t mb = it_rdiv(dbeta * 128, m_count), pg = it_rdiv(dgamma * 16384, sxx > 0 ? sxx : 1);
+            int64_t cap = ((int64_t)1 << 21) / (amx > 0 ? amx : 1);
             int32_t g8 = it_w8(gamma[c]);
+            pg = pg > cap ? cap : (pg < -cap ? -cap : pg);
             for (b = 0; b < n; b++)
                 for (j = 0; j < hw; j++) {
                     uint32_t at = (b * bn->c + c) * hw + j;
-                    int64_t h = (int64_t)g[at] * 16384 - mb * 128 - (int64_t)xh[at] * mg;
+                    int64_t h = (int64_t)g[at] * 16384 - mb * 128 - (int64_t)xh[at] * pg;
                     acc[at] = live[c] ? (int32_t)it_shift_round(g8 * h, k[c] - kmin, bwd_mode) : 0;
                 }
         }
