@@ -67,11 +67,11 @@ class RunConfig:
     augment: str = opt("none", "Image augmentation: none or crop-flip (pad 4, random crop, flip).")
     dataflow: bool = opt(False, "Integer recipes: int8 activations flow between layers and are saved in int8 for "
                                 "backward (~4x less activation memory; docs/dataflow.md).")
-    # None (auto): integer recipes without dataflow or --nproc, unless INTTRAIN_COMPILE=0
+    # None (auto): integer recipes (dataflow included) without --nproc, unless INTTRAIN_COMPILE=0
     # (inttrain.trainer.compiled.auto_compile).
     compile: bool | None = opt(None, "torch.compile the training step (one graph, integer kernels as nodes; "
                                      "first-step compile time is logged; eager fallback with a message).",
-                               default_text="on for integer recipes without --dataflow or --nproc; off with "
+                               default_text="on for integer recipes without --nproc; off with "
                                             "INTTRAIN_COMPILE=0")
     val_fraction: float | None = opt(None, "Held out when the data has no test split (None: 0.2; text: 0.1).",
                                      cli=False)
