@@ -61,6 +61,7 @@ class RunConfig:
     schedule_dfq_bits: str = "4,6,8"  # the gate's bit options
     schedule_target_cost: float = 0.5  # target forward BitOPs relative to static 8-bit
     schedule_cost_weight: float = 5.0  # weight of the squared cost regulariser
+    schedule_dfq_per_sample: bool = True  # each sample's gate picks its bits (false: one choice per batch)
     # Data parallel (issue 8): processes (ranks), their gradient communication and collective timeout.
     # batch_size stays the global batch: each of the nproc ranks trains on batch_size / nproc rows.
     nproc: int = 1

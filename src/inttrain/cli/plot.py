@@ -107,4 +107,52 @@ def plot_run(run_dir: Path) -> list[Path]:
     ax.plot([r["step"] for r in rows if r.get("lr") is not None], [r["lr"] for r in rows if r.get("lr") is not None])
     ax.set(xlabel="step", ylabel="learning rate", title=f"{run_dir.name}: lr")
     save(fig, "lr.png")
+
+    dfq = [(r["step"], d) for r in rows if r["kind"] == "step" and (d := _dfq_shares(r.get("dfq_bits")))]
+    if dfq:
+        save(_dfq_figure(plt, dfq, run_dir.name), "dfq_bits.png")
     return written
+
+
+def _dfq_shares(value: Any) -> dict[str, dict[int, float]] | None:
+    """A row's ``dfq_bits`` ({layer: {bits: share}}, per-sample DFQ) if well formed, else None."""
+    import math
+
+    if not isinstance(value, dict) or not value:
+        return None
+    out: dict[str, dict[int, float]] = {}
+    for layer, shares in value.items():
+        if not isinstance(shares, dict) or not shares:
+            return None
+        try:
+            out[str(layer)] = {int(b): float(v) for b, v in shares.items()}
+        except (TypeError, ValueError):
+            return None
+        if not all(math.isfinite(v) and 0 <= v <= 1 for v in out[str(layer)].values()):
+            return None
+    return out
+
+
+def _dfq_figure(plt: Any, dfq: list[tuple[int, dict[str, dict[int, float]]]], title: str) -> Any:
+    """Left: per layer, the share of samples at each width over the logged steps; right: mean bits per layer."""
+    layers = list(dict.fromkeys(name for _, d in dfq for name in d))
+    widths = sorted({b for _, d in dfq for s in d.values() for b in s})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    bottom = [0.0] * len(layers)
+    for b in widths:
+        share = [sum(d.get(n, {}).get(b, 0.0) for _, d in dfq) / len(dfq) for n in layers]
+        left.bar(range(len(layers)), share, bottom=bottom, label=f"{b}-bit")
+        for i, v in enumerate(share):
+            if v >= 0.08:
+                left.text(i, bottom[i] + v / 2, f"{v:.0%}", ha="center", va="center", fontsize=7)
+        bottom = [a + v for a, v in zip(bottom, share)]
+    left.set_xticks(range(len(layers)), layers, rotation=60, ha="right", fontsize=7)
+    left.set(ylabel="share of samples (mean over logged steps)", title=f"{title}: DFQ chosen bits per layer")
+    left.legend(fontsize=7)
+    for n in layers:
+        pts = [(step, sum(b * v for b, v in d[n].items()) / max(sum(d[n].values()), 1e-12)) for step, d in dfq if n in d]
+        right.plot([p[0] for p in pts], [p[1] for p in pts], lw=1, label=n)
+    right.set(xlabel="step", ylabel="mean forward bits", title="per-layer mean bits")
+    if len(layers) <= 12:
+        right.legend(fontsize=6)
+    return fig

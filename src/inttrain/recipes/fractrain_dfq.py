@@ -79,6 +79,7 @@ class DFQConfig:
     squared cost regulariser (0: gates learn from the task loss only).  ``tau``: Gumbel-softmax temperature.
     ``grad_bits``: bits of the output-gradient operand of the backward GEMMs (without a ``cap`` schedule).
     ``init_logit``: initial bias of the highest option over the others.  ``seed``: of the Gumbel noise.
+    ``per_sample``: each sample's gate picks its own bits (FracTrain's DFQ); False: one choice per batch.
     """
 
     bits: Sequence[int] = (4, 6, 8)
@@ -88,6 +89,7 @@ class DFQConfig:
     grad_bits: int = 8
     init_logit: float = 2.0
     seed: int = 0
+    per_sample: bool = True
 
     def __post_init__(self) -> None:
         bits = tuple(self.bits)
@@ -106,6 +108,8 @@ class DFQConfig:
             raise ValueError(f"DFQ grad_bits must be an int in [2, 16], got {self.grad_bits!r}")
         if not math.isfinite(self.init_logit):
             raise ValueError(f"DFQ init_logit must be finite, got {self.init_logit!r}")
+        if not isinstance(self.per_sample, bool):
+            raise ValueError(f"DFQ per_sample must be true or false, got {self.per_sample!r}")
 
 
 class BitGate(nn.Module):
@@ -120,15 +124,21 @@ class BitGate(nn.Module):
             self.fc.bias[-1] = init_logit
 
     @staticmethod
-    def pool(x: torch.Tensor) -> torch.Tensor:
-        """Batch-level features: the mean over every dim but the channel one (dim 1 of NCHW, last of Linear)."""
+    def pool(x: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+        """Features: the mean over every dim but the channel one (dim 1 of NCHW, last of Linear), and the batch
+        dim too unless ``per_sample`` (then ``[N, C]``, one row per sample)."""
         x = x.detach().float()
+        if per_sample:
+            if x.ndim == 4:
+                return x.mean(dim=(2, 3))
+            return x.reshape(x.shape[0], -1, x.shape[-1]).mean(1)
         if x.ndim == 4:
             return x.mean(dim=(0, 2, 3))
         return x.reshape(-1, x.shape[-1]).mean(0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.pool(x))
+    def forward(self, x: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+        """Logits ``[K]`` (batch-level) or ``[N, K]`` (``per_sample``)."""
+        return self.fc(self.pool(x, per_sample))
 
 
 class _AddToLoss(torch.autograd.Function):
@@ -173,7 +183,8 @@ class DFQController:
             raise ValueError("DFQ needs a model with prepared integer layers (inttrain.prepare_ with an integer recipe)")
         self.last_step = 0
         self.expected_cost = float("nan")  # E of the last training forward (no grad)
-        self.last_bits: dict[str, int] = {}  # forward bits each layer chose in the last training forward
+        self.last_bits: dict[str, float] = {}  # forward bits each layer chose in the last training forward (mean
+        self.last_counts: dict[str, dict[int, int]] = {}  # over the samples when per sample) and how many each
         self._base = {n: m.precision for n, m in self.layers}
         self._cache: dict[tuple[str, int, int], Any] = {}
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor | None, int]] = {}
@@ -230,34 +241,60 @@ class DFQController:
         return round(mean, 3), grad
 
     # ------------------------------------------------------------------ hooks
+    def _choose(self, index: int, logits: torch.Tensor, training: bool) -> tuple[torch.Tensor, Any, Any]:
+        """(chosen option index per row of ``logits`` [..., K], probabilities or None, straight-through scale or
+        None).  Training: hard straight-through Gumbel-softmax with noise a pure function of (seed, step, layer)."""
+        if not training:
+            return logits.argmax(-1), None, None
+        seed = mix_seed(self.config.seed, self.last_step, index, 0x6A7E)
+        gen = torch.Generator().manual_seed(seed)
+        u = torch.rand(logits.shape, generator=gen).clamp_(1e-10, 1 - 1e-7).to(logits.device)
+        soft = torch.softmax((logits - torch.log(-torch.log(u))) / self.config.tau, dim=-1)
+        k = soft.argmax(-1)
+        picked = soft.gather(-1, k.unsqueeze(-1)).squeeze(-1)
+        return k, torch.softmax(logits, dim=-1), 1 + (picked - picked.detach())  # 1.0 exactly; straight-through
+
     def _pre_hook(self, index: int, name: str) -> Callable[..., None]:
         def hook(m: nn.Module, args: tuple) -> None:
-            logits = m.dfq_gate(args[0])
+            per_sample = self.config.per_sample
+            logits = m.dfq_gate(args[0], per_sample)
             options = self._effective()
-            if m.training and torch.is_grad_enabled():
-                seed = mix_seed(self.config.seed, self.last_step, index, 0x6A7E)
-                gen = torch.Generator().manual_seed(seed)
-                u = torch.rand(logits.shape, generator=gen).clamp_(1e-10, 1 - 1e-7).to(logits.device)
-                soft = torch.softmax((logits - torch.log(-torch.log(u))) / self.config.tau, dim=-1)
-                k = int(soft.argmax())
-                scale = 1 + (soft[k] - soft[k].detach())  # 1.0 exactly; straight-through gradient
-                self._pending[id(m)] = (torch.softmax(logits, dim=-1), scale, options[k])
-            else:
-                k = int(logits.argmax())
-                self._pending[id(m)] = (None, None, options[k])  # type: ignore[assignment]
-            m.precision = self._precision(name, m, options[k], self._grad_bits())
+            training = m.training and torch.is_grad_enabled()
+            k, probs, scale = self._choose(index, logits, training)
+            grad = self._grad_bits()
+            if not per_sample:
+                bits = options[int(k)]
+                m.precision = self._precision(name, m, bits, grad)
+                self._pending[id(m)] = (probs, scale, {bits: 1})
+                return
+            chosen = torch.tensor(options, device=k.device)[k]  # [N]: capped options may coincide
+            widths = torch.unique(chosen).tolist()  # ascending
+            counts: dict[int, int] = {}
+            groups = []
+            for b in widths:
+                rows = (chosen == b).nonzero().squeeze(1)
+                counts[int(b)] = int(rows.numel())
+                groups.append((rows, self._precision(name, m, int(b), grad)))
+            m.precision = groups[-1][1]  # the widest width present (what a reader of .precision sees)
+            # One width: the plain layer call (bit-identical to a batch-level choice of that width).
+            m.sample_groups = groups if len(groups) > 1 else None
+            self._pending[id(m)] = (probs, scale, counts)
 
         return hook
 
     def _post_hook(self, name: str) -> Callable[..., Any]:
         def hook(m: nn.Module, args: tuple, out: torch.Tensor) -> Any:
-            probs, scale, bits = self._pending.pop(id(m), (None, None, 0))
+            probs, scale, counts = self._pending.pop(id(m), (None, None, {}))
             if probs is None:
                 return None
             macs = _macs(m, out)
             self._macs[name] = macs
-            self.last_bits[name] = bits
+            n = sum(counts.values())
+            self.last_bits[name] = sum(b * c for b, c in counts.items()) / n
+            self.last_counts[name] = dict(counts)
             self._terms.append((macs, probs))
+            if scale.ndim == 1:  # per sample: one factor per row of the batch dim
+                scale = scale.reshape(-1, *([1] * (out.ndim - 1)))
             return out * scale
 
         return hook
@@ -268,10 +305,19 @@ class DFQController:
             return None
         cost = torch.tensor([b * b / 64 for b in self._effective()], dtype=torch.float32)
         total = sum(macs for macs, _ in terms)
-        expected = sum(macs * (p * cost.to(p.device)).sum() for macs, p in terms) / total
+        # Per sample: a layer's expected cost is the mean over the samples of each sample's expected cost.
+        expected = sum(macs * (p * cost.to(p.device)).sum(-1).mean() for macs, p in terms) / total
         self.expected_cost = float(expected.detach())
         term = self.config.cost_weight * (expected - self.config.target_cost) ** 2
         return _AddToLoss.apply(out, term)
+
+    def bit_distribution(self) -> dict[str, dict[int, float]]:
+        """Per layer, the fraction of the last training batch's samples that ran at each forward width."""
+        out = {}
+        for name, counts in self.last_counts.items():
+            n = sum(counts.values())
+            out[name] = {b: round(c / n, 6) for b, c in sorted(counts.items())}
+        return out
 
     # ------------------------------------------------------------------ schedule interface
     def step(self, loss: float | None = None) -> tuple[float, int]:
@@ -283,12 +329,15 @@ class DFQController:
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_step": self.last_step, "expected_cost": self.expected_cost, "last_bits": dict(self.last_bits),
+                "last_counts": {n: dict(c) for n, c in self.last_counts.items()},
                 "macs": dict(self._macs), "schedule": {} if self.cap is None else self.cap.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_step = int(state["last_step"])
         self.expected_cost = float(state.get("expected_cost", float("nan")))
-        self.last_bits = {str(k): int(v) for k, v in dict(state.get("last_bits", {})).items()}
+        self.last_bits = {str(k): float(v) for k, v in dict(state.get("last_bits", {})).items()}
+        self.last_counts = {str(n): {int(b): int(c) for b, c in dict(cs).items()}
+                            for n, cs in dict(state.get("last_counts", {})).items()}
         self._macs = {str(k): int(v) for k, v in dict(state.get("macs", {})).items()}
         if self.cap is not None:
             self.cap.load_state_dict(dict(state.get("schedule", {})))
@@ -298,6 +347,8 @@ class DFQController:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for _, m in self.layers:
+            m.sample_groups = None
 
 
 def attach_dfq(model: nn.Module, config: DFQConfig | None = None, cap: Schedule | None = None,
