@@ -607,6 +607,8 @@ def _use_compile(cfg: RunConfig, p: Any, dp: Any) -> bool:
     """``--compile/--no-compile``, or the measured-fastest default (inttrain.trainer.compiled.auto_compile)."""
     if cfg.compile is not None:
         return cfg.compile
+    if cfg.schedule in ("dfq", "fractrain"):  # gate choices per step: graph breaks and recompiles, no gain measured
+        return False
     from inttrain.api import get_config
     from inttrain.trainer.compiled import auto_compile
 

@@ -27,19 +27,83 @@ __all__ = ["SampleGroups", "run_per_sample"]
 SampleGroups = Sequence[tuple[torch.Tensor, LayerPrecision]]
 
 
+def _empty_rows(like: torch.Tensor, n: int) -> torch.Tensor:
+    """An uninitialised ``[n, *like.shape[1:]]`` tensor in ``like``'s layout (channels-last stays channels-last:
+    the integer convolutions' layout, so no op downstream pays a layout copy)."""
+    cl = like.dim() == 4 and not like.is_contiguous() and like.is_contiguous(memory_format=torch.channels_last)
+    return torch.empty((n, *like.shape[1:]), dtype=like.dtype, device=like.device,
+                       memory_format=torch.channels_last if cl else torch.contiguous_format)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a 2-D ``[N, rest]`` view (channels-last 4-D tensors through their NHWC order), copying only
+    for other layouts: row gathers and scatters on it are plain row copies."""
+    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return t.permute(0, 2, 3, 1).reshape(t.shape[0], -1)
+    return t.reshape(t.shape[0], -1)
+
+
+class _SplitRows(torch.autograd.Function):
+    """``(x[rows_1], x[rows_2], ...)`` for row sets that partition the batch; backward writes each group's
+    gradient into its rows of one new tensor (autograd's index_select backward would zero-fill a full-size
+    tensor per group and scatter-add into it)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.rows, ctx.like = rows, x
+        x2 = _rows(x)
+        outs = []
+        for idx in rows:
+            out = _empty_rows(x, int(idx.numel()))
+            torch.index_select(x2, 0, idx, out=_rows(out))
+            outs.append(out)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        dx = _empty_rows(grads[0], int(ctx.like.shape[0]))
+        dx2 = _rows(dx)
+        for idx, g in zip(ctx.rows, grads):
+            dx2.index_copy_(0, idx, _rows(g))
+        return (dx, *(None for _ in ctx.rows))
+
+
+class _MergeRows(torch.autograd.Function):
+    """The inverse of :class:`_SplitRows`: group outputs written into their rows of one tensor."""
+
+    @staticmethod
+    def forward(ctx, rows: tuple[torch.Tensor, ...], *ys: torch.Tensor) -> torch.Tensor:
+        ctx.rows = rows
+        out = _empty_rows(ys[0], sum(int(idx.numel()) for idx in rows))
+        out2 = _rows(out)
+        for idx, y in zip(rows, ys):
+            out2.index_copy_(0, idx, _rows(y))
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        g2 = _rows(g)
+        grads = []
+        for idx in ctx.rows:
+            gi = _empty_rows(g, int(idx.numel()))
+            torch.index_select(g2, 0, idx, out=_rows(gi))
+            grads.append(gi)
+        return (None, *grads)
+
+
 @torch.compiler.disable  # data-dependent group sizes: runs eagerly inside a compiled model
 def run_per_sample(layer, x: torch.Tensor, groups: SampleGroups,
                    call: Callable[[torch.Tensor, LayerPrecision, tuple], torch.Tensor]) -> torch.Tensor:
-    """``call(x_rows, precision, seeds)`` once per group of ``groups``; outputs back in the order of ``x``'s rows."""
+    """``call(x_rows, precision, seeds)`` once per group of ``groups``; outputs back in the order of ``x``'s rows.
+
+    One pass gathers the groups' rows, one pass writes the outputs back (and one each in backward).
+    """
     seeds = layer._next_seeds()
     if len(groups) == 1:  # one width in this batch: exactly the plain layer call
         return call(x, groups[0][1], seeds)
-    outs, rows = [], []
-    for idx, prec in groups:
+    rows = tuple(idx for idx, _ in groups)
+    outs = []
+    for xg, (_, prec) in zip(_SplitRows.apply(x, *rows), groups):
         s = tuple(mix_seed(int(seed), prec.forward.lhs.bits, 0x5E9A) for seed in seeds)
-        outs.append(call(x.index_select(0, idx), prec, s))
-        rows.append(idx)
-    perm = torch.cat(rows)
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-    return torch.cat(outs).index_select(0, inverse)
+        outs.append(call(xg, prec, s))
+    return _MergeRows.apply(rows, *outs)

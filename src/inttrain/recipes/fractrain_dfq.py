@@ -154,6 +154,25 @@ class _AddToLoss(torch.autograd.Function):
         return grad, torch.ones((), dtype=torch.float32, device=grad.device)
 
 
+class _StraightThrough(torch.autograd.Function):
+    """``out * (1 + soft - stopgrad(soft))`` without the multiplies: returns ``out``'s values (the factor is
+    exactly 1.0) and sends ``soft`` the gradient ``<dL/dout, out>`` (per sample when ``soft`` is ``[N]``: summed over each
+    sample's row of the batch dim)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(out)
+        ctx.per_sample = soft.ndim == 1
+        # A copy, not a view: a view made in a Function may not be modified in place (ReLU(inplace=True) next).
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (out,) = ctx.saved_tensors
+        prod = grad.float() * out.float()
+        return grad, prod.sum(dim=tuple(range(1, prod.ndim))) if ctx.per_sample else prod.sum()
+
+
 def _macs(layer: nn.Module, out: torch.Tensor) -> int:
     if isinstance(layer, nn.Conv2d):
         kh, kw = layer.kernel_size
@@ -242,8 +261,8 @@ class DFQController:
 
     # ------------------------------------------------------------------ hooks
     def _choose(self, index: int, logits: torch.Tensor, training: bool) -> tuple[torch.Tensor, Any, Any]:
-        """(chosen option index per row of ``logits`` [..., K], probabilities or None, straight-through scale or
-        None).  Training: hard straight-through Gumbel-softmax with noise a pure function of (seed, step, layer)."""
+        """(chosen option index per row of ``logits`` [..., K], probabilities or None, the chosen options' soft
+        values (for the straight-through factor) or None).  Training: hard straight-through Gumbel-softmax with noise a pure function of (seed, step, layer)."""
         if not training:
             return logits.argmax(-1), None, None
         seed = mix_seed(self.config.seed, self.last_step, index, 0x6A7E)
@@ -252,7 +271,7 @@ class DFQController:
         soft = torch.softmax((logits - torch.log(-torch.log(u))) / self.config.tau, dim=-1)
         k = soft.argmax(-1)
         picked = soft.gather(-1, k.unsqueeze(-1)).squeeze(-1)
-        return k, torch.softmax(logits, dim=-1), 1 + (picked - picked.detach())  # 1.0 exactly; straight-through
+        return k, torch.softmax(logits, dim=-1), picked
 
     def _pre_hook(self, index: int, name: str) -> Callable[..., None]:
         def hook(m: nn.Module, args: tuple) -> None:
@@ -293,9 +312,10 @@ class DFQController:
             self.last_bits[name] = sum(b * c for b, c in counts.items()) / n
             self.last_counts[name] = dict(counts)
             self._terms.append((macs, probs))
-            if scale.ndim == 1:  # per sample: one factor per row of the batch dim
-                scale = scale.reshape(-1, *([1] * (out.ndim - 1)))
-            return out * scale
+            if type(out) is torch.Tensor:
+                return _StraightThrough.apply(out, scale)
+            factor = 1 + (scale - scale.detach())  # an int8 (dataflow) output: the plain multiply by 1.0
+            return out * (factor.reshape(-1, *([1] * (out.ndim - 1))) if factor.ndim else factor)
 
         return hook
 
