@@ -1,4 +1,5 @@
-"""``inttrain plot RUN_DIR``: loss, accuracy and lr curves from metrics.jsonl to RUN_DIR/plots/*.png.
+"""``inttrain plot RUN_DIR [RUN_DIR ...]``: loss, accuracy and lr curves from metrics.jsonl to RUN_DIR/plots/*.png;
+several runs overlaid in one set of plots (one line per run, final values written on the plot).
 
 matplotlib is imported here only (with the Agg backend: no display needed),
 so the rest of the CLI starts without it.
@@ -11,7 +12,7 @@ from typing import Any
 
 from .errors import UsageProblem
 
-__all__ = ["plot_run", "load_rows"]
+__all__ = ["plot_run", "plot_runs", "load_rows"]
 
 
 _NUMBERS = ("loss", "val_accuracy", "lr", "val_loss")
@@ -61,20 +62,7 @@ def load_rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_run(run_dir: Path) -> list[Path]:
-    """Write loss.png, accuracy.png and lr.png; returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = load_rows(run_dir)
-    steps = [r for r in rows if r["kind"] == "step" and r.get("loss") is not None]
-    epochs = [r for r in rows if r["kind"] == "epoch"]
-    out = run_dir / "plots"
-    out.mkdir(exist_ok=True)
-    written = []
-
+def _saver(plt: Any, out: Path, written: list[Path]) -> Any:
     def save(fig: Any, name: str) -> None:
         import os
 
@@ -87,6 +75,29 @@ def plot_run(run_dir: Path) -> list[Path]:
             tmp.unlink(missing_ok=True)
             plt.close(fig)
         written.append(out / name)
+
+    return save
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """Write loss.png, accuracy.png and lr.png (and dfq_bits.png for a per-sample DFQ run); returns their paths."""
+    plt = _pyplot()
+    rows = load_rows(run_dir)
+    steps = [r for r in rows if r["kind"] == "step" and r.get("loss") is not None]
+    epochs = [r for r in rows if r["kind"] == "epoch"]
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    written: list[Path] = []
+    save = _saver(plt, out, written)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=1, label="train loss (step)")
@@ -156,3 +167,61 @@ def _dfq_figure(plt: Any, dfq: list[tuple[int, dict[str, dict[int, float]]]], ti
     if len(layers) <= 12:
         right.legend(fontsize=6)
     return fig
+
+
+def _overlay_out(run_dirs: list[Path], out: Path | None) -> Path:
+    import os
+
+    if out is None:
+        parent = Path(os.path.commonpath([str(p.resolve()) for p in run_dirs]))
+        out = parent / "plots"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageProblem("--out", f"{str(out)!r}: cannot create the plot folder ({e.strerror or e})") from None
+    return out
+
+
+def _labels(run_dirs: list[Path]) -> list[str]:
+    names = [p.name or str(p) for p in run_dirs]
+    return names if len(set(names)) == len(names) else [str(p) for p in run_dirs]
+
+
+def plot_runs(run_dirs: list[Path], out: Path | None = None) -> list[Path]:
+    """One run: :func:`plot_run`.  Several: loss.png, accuracy.png and lr.png with one line per run (labelled by
+    folder name, each final value written at its line's end) in ``out`` (default: ``plots/`` in the runs'
+    common parent folder); returns the paths."""
+    if len(run_dirs) == 1 and out is None:
+        return plot_run(run_dirs[0])
+    all_rows = [load_rows(d) for d in run_dirs]  # every run checked before anything is written
+    out = _overlay_out(run_dirs, out)
+    plt = _pyplot()
+    written: list[Path] = []
+    save = _saver(plt, out, written)
+    labels = _labels(run_dirs)
+
+    def curves(name: str, ylabel: str, pick: Any, fmt: str) -> None:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, rows in zip(labels, all_rows):
+            pts = pick(rows)
+            if not pts:
+                continue
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if len(pts) < 30 else "-", lw=1,
+                              ms=3, label=label)
+            ax.annotate(fmt.format(pts[-1][1]), pts[-1], textcoords="offset points", xytext=(4, 0),
+                        fontsize=8, color=line.get_color(), va="center")
+        ax.margins(x=0.12)  # room for the final values
+        ax.set(xlabel="step", ylabel=ylabel, title=f"{ylabel}: {len(run_dirs)} runs")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        save(fig, name)
+
+    def epoch_values(key: str) -> Any:
+        return lambda rows: [(r["step"], r[key]) for r in rows if r["kind"] == "epoch" and r.get(key) is not None]
+
+    curves("loss.png", "train loss (epoch mean)", epoch_values("loss"), "{:.3f}")
+    curves("val_loss.png", "val loss", epoch_values("val_loss"), "{:.3f}")
+    curves("accuracy.png", "val accuracy", epoch_values("val_accuracy"), "{:.4f}")
+    curves("lr.png", "learning rate",
+           lambda rows: [(r["step"], r["lr"]) for r in rows if r["kind"] == "step" and r.get("lr") is not None], "{:.3g}")
+    return written
