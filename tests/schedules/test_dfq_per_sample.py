@@ -79,31 +79,88 @@ def test_forced_gate_gives_each_sample_its_own_width(kind: str) -> None:
     assert m[0].sample_groups is None
 
 
-def test_training_pass_runs_both_backward_gemms_per_width() -> None:
-    """Training (straight-through Gumbel per sample): two widths -> two forward GEMMs and, in backward, an
-    input-gradient and a weight-gradient GEMM per width (the input needs a gradient); the weight gradient
-    is the sum over the groups of the groups' own int8 weight gradients; the gates get a gradient; the
-    controller logs the per-layer distribution, and BitOPs count each sample at its own width."""
+def _training_inputs() -> torch.Tensor:
+    torch.manual_seed(3)
+    x = torch.randn(12, 64)
+    x[:, 0] = torch.tensor([1.0, -1.0, -1.0] * 4)  # 4 samples -> 4-bit, 8 samples -> 8-bit
+    return x
+
+
+def test_training_pass_one_backward_at_the_shared_gradient_precision() -> None:
+    """Training, two widths whose backward GEMMs share one precision (DFQ's widths set the forward GEMM only):
+    two forward GEMMs (one per width) and ONE input-gradient and ONE weight-gradient GEMM for the batch; the
+    gradients are bit-identical to the plain layer's at the main (largest) group's precision; the 4-bit rows
+    equal a 4-bit layer's output on them.  The gates get a gradient, the controller logs the per-layer
+    distribution, and BitOPs count each sample at its own width."""
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(64, 48))
     inttrain.prepare_(m, "int8")
+    plain = copy.deepcopy(m)
+    low = copy.deepcopy(m)
+    PrecisionScheduler(low, Constant(4, 8))
     dfq = attach_dfq(m, DFQConfig(bits=(4, 8), target_cost=0.5, cost_weight=0.0))
     _force_by_sign(m[0])
-    x = _inputs_linear().requires_grad_(True)
+    x = _training_inputs().requires_grad_(True)
     counter = BitOpsCounter(m).attach()
     reset_kernel_calls()
     y = m(x)
     assert int_kernel_calls()["int8_mm"] == 2
     y.square().sum().backward()
-    assert int_kernel_calls()["int8_mm"] == 6
-    assert dfq.bit_distribution() == {"0": {4: 0.5, 8: 0.5}}
-    assert dfq.last_bits == {"0": 6.0} and dfq.bits == (6.0, 8)
+    assert int_kernel_calls()["int8_mm"] == 4
+    with torch.no_grad():
+        yp = copy.deepcopy(plain)(x)  # the plain 8-bit layer on the whole batch
+    rows4 = torch.arange(0, 12, 3)
+    with torch.no_grad():
+        assert torch.equal(y[rows4], low(x[rows4]))
+        rows8 = torch.tensor([i for i in range(12) if i % 3])
+        assert torch.equal(y[rows8], yp[rows8])
+    # The plain 8-bit layer's backward with the same output gradient (2y) and seeds (same call count).
+    m2 = copy.deepcopy(plain)
+    xq = x.detach().clone().requires_grad_(True)
+    m2(xq).backward(2 * y.detach())
+    assert torch.equal(x.grad, xq.grad) and torch.equal(m[0].weight.grad, m2[0].weight.grad)
+    assert dfq.bit_distribution() == {"0": {4: 0.333333, 8: 0.666667}}
+    assert dfq.last_bits == {"0": pytest.approx(20 / 3)}
     assert float(m[0].dfq_gate.fc.weight.grad.abs().sum()) > 0
     macs = 12 * 64 * 48
     fwd = counter.records[("0", "forward")]
-    assert fwd.macs == macs and fwd.bitops == macs // 2 * 16 + macs // 2 * 64
+    assert fwd.macs == macs and fwd.bitops == macs // 3 * 16 + 2 * macs // 3 * 64
     gw = counter.records[("0", "grad_weight")]
-    assert gw.macs == macs and gw.bitops == macs // 2 * (8 * 8) * 2  # gradient GEMMs: grad_bits 8 for both widths
+    assert gw.macs == macs and gw.bitops == macs * 64  # gradient GEMMs: 8 x 8 for every sample
+
+
+def test_per_group_backward_when_gradient_precisions_differ() -> None:
+    """Groups with different backward precisions (set directly on the layer): one forward and one
+    input-gradient and one weight-gradient GEMM per group; the weight gradient is the sum of the groups' own."""
+    from inttrain.nn.per_sample import shares_backward
+    from inttrain.schedules import with_bits
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 48))
+    inttrain.prepare_(m, "int8")
+    ref = copy.deepcopy(m)
+    base = m[0].precision
+    rows = (torch.tensor([0, 3, 5]), torch.tensor([1, 2, 4, 6, 7]))
+    precs = (with_bits(base, 8, 6), with_bits(base, 8, 8))
+    m[0].sample_groups = list(zip(rows, precs))
+    assert not shares_backward(m[0].sample_groups)
+    x = torch.randn(8, 64).requires_grad_(True)
+    reset_kernel_calls()
+    y = m(x)
+    dy = torch.randn(8, 48)
+    y.backward(dy)
+    assert int_kernel_calls()["int8_mm"] == 6
+    dw = torch.zeros_like(m[0].weight)
+    for idx, prec in zip(rows, precs):
+        r = copy.deepcopy(ref)
+        r[0].precision = prec
+        xg = x.detach()[idx].requires_grad_(True)
+        yg = r(xg)
+        assert torch.equal(y.detach()[idx], yg.detach())
+        yg.backward(dy[idx])
+        assert torch.equal(x.grad[idx], xg.grad)
+        dw += r[0].weight.grad
+    torch.testing.assert_close(m[0].weight.grad, dw, rtol=1e-6, atol=1e-6)
 
 
 def test_expected_cost_is_the_mean_over_samples() -> None:

@@ -21,7 +21,7 @@ import torch
 from ..numerics.hashing import mix_seed
 from ..spec import LayerPrecision
 
-__all__ = ["SampleGroups", "run_per_sample"]
+__all__ = ["SampleGroups", "run_per_sample", "shares_backward"]
 
 #: ``[(row indices, precision), ...]``: the rows partition the batch dimension (dim 0).
 SampleGroups = Sequence[tuple[torch.Tensor, LayerPrecision]]
@@ -91,19 +91,71 @@ class _MergeRows(torch.autograd.Function):
         return (None, *grads)
 
 
+class _ReplaceRows(torch.autograd.Function):
+    """``y`` with ``rows_i`` overwritten by ``ys[i]`` (in place); the gradient goes to ``y`` unchanged: the
+    replacing rows are forward values only (computed without autograd), their backward is ``y``'s."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, rows: tuple[torch.Tensor, ...], *ys: torch.Tensor) -> torch.Tensor:
+        ctx.mark_dirty(y)
+        ctx.n = len(ys)
+        y2 = _rows(y)  # a view: the caller passes a contiguous or channels-last y
+        for idx, yg in zip(rows, ys):
+            y2.index_copy_(0, idx, _rows(yg))
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return (g, None, *(None for _ in range(ctx.n)))
+
+
+def _rowable(t: torch.Tensor) -> bool:
+    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
+
+
+def shares_backward(groups: SampleGroups) -> bool:
+    """Whether every group has the same input-gradient and weight-gradient GEMM precision (DFQ's groups do:
+    its widths set the forward GEMM only), so one backward call over the whole batch serves them all."""
+    p0 = groups[0][1]
+    return all(p.grad_input == p0.grad_input and p.grad_weight == p0.grad_weight for _, p in groups[1:])
+
+
 @torch.compiler.disable  # data-dependent group sizes: runs eagerly inside a compiled model
 def run_per_sample(layer, x: torch.Tensor, groups: SampleGroups,
                    call: Callable[[torch.Tensor, LayerPrecision, tuple], torch.Tensor]) -> torch.Tensor:
-    """``call(x_rows, precision, seeds)`` once per group of ``groups``; outputs back in the order of ``x``'s rows.
+    """``call(x_rows, precision, seeds)`` per group of ``groups``; outputs back in the order of ``x``'s rows.
 
-    One pass gathers the groups' rows, one pass writes the outputs back (and one each in backward).
+    Training with a backward precision shared by all groups (:func:`shares_backward`): the largest group's
+    precision runs over the whole batch with autograd — its forward gives that group's rows, its backward
+    (one input-gradient and one weight-gradient GEMM at the shared precision) serves every row — and each
+    other width runs its forward GEMM on its own rows without autograd, replacing those rows' values.  One
+    backward call instead of one per width: the integer path's per-call cost dominated the grouped backward
+    (``benchmarks/dfq_overhead.py``), at the price of the main width's forward MACs on the other rows, which
+    the BitOPs count leaves out (on hardware the widths would be dispatched separately).
+    Otherwise (evaluation, or per-group backward precisions): one autograd call per group, rows gathered
+    once and written back once in each direction.
     """
     seeds = layer._next_seeds()
     if len(groups) == 1:  # one width in this batch: exactly the plain layer call
         return call(x, groups[0][1], seeds)
+
+    def group_seeds(prec: LayerPrecision) -> tuple:
+        return tuple(mix_seed(int(seed), prec.forward.lhs.bits, 0x5E9A) for seed in seeds)
+
+    if torch.is_grad_enabled() and shares_backward(groups):
+        main = max(range(len(groups)), key=lambda i: int(groups[i][0].numel()))
+        y = call(x, groups[main][1], seeds)
+        if not _rowable(y):
+            y = y.contiguous()
+        others = [g for i, g in enumerate(groups) if i != main]
+        with torch.no_grad():
+            x2 = _rows(x)
+            ys = []
+            for idx, prec in others:
+                xg = _empty_rows(x, int(idx.numel()))
+                torch.index_select(x2, 0, idx, out=_rows(xg))
+                ys.append(call(xg, prec, group_seeds(prec)))
+        return _ReplaceRows.apply(y, tuple(idx for idx, _ in others), *ys)
     rows = tuple(idx for idx, _ in groups)
-    outs = []
-    for xg, (_, prec) in zip(_SplitRows.apply(x, *rows), groups):
-        s = tuple(mix_seed(int(seed), prec.forward.lhs.bits, 0x5E9A) for seed in seeds)
-        outs.append(call(xg, prec, s))
+    outs = [call(xg, prec, group_seeds(prec)) for xg, (_, prec) in zip(_SplitRows.apply(x, *rows), groups)]
     return _MergeRows.apply(rows, *outs)

@@ -9,45 +9,52 @@ temporal schedule raises the precision during training, DFQ decides below it.
 
 What runs here (our design; the paper gives the idea, not these formulas):
 
-- **gate**: per gated ``QLinear`` / ``QConv2d`` a float ``nn.Linear(C_in, K)`` on the input averaged over
-  the batch (and the spatial positions of a conv input), detached from the backbone: ``K`` logits, one per
-  bit option ``b_1 < ... < b_K`` (default 4, 6, 8).  Zero-initialised weights, biases favouring the
-  highest option by ``init_logit`` (training starts near static 8-bit).
-- **choice**: training draws a hard one-hot choice with the straight-through Gumbel-softmax
-  (``soft = softmax((logits + g) / tau)``, ``g`` Gumbel noise from a counter-based seed, a pure function of
-  (seed, step, layer)); evaluation takes ``argmax(logits)``.  The chosen ``b_k`` becomes the forward-GEMM
-  bits of the layer's :class:`~inttrain.spec.LayerPrecision` (both operands, via
-  :func:`inttrain.schedules.with_bits`), so the real int8 kernels run the layer at that width; gradient bits
-  are ``grad_bits`` (or PFQ's backward bits in the combined policy).  The layer output is multiplied by
-  ``1 + soft_k - stopgrad(soft_k)`` (exactly 1.0 in value), which passes the task-loss gradient
-  ``<dL/dy, y>`` to the gate.
-- **cost regulariser**: with ``MAC_l`` the layer's forward MACs and ``p_l = softmax(logits_l)`` (the
-  probabilities of the sampled choice), the expected forward BitOPs relative to static 8-bit is
-  ``E = sum_l MAC_l sum_k p_lk b_k^2 / (64 sum_l MAC_l)``; the objective gets ``cost_weight * (E - target_cost)^2``.
-  The term is added to the autograd graph at the model output (a function that returns the output
-  unchanged and sends gradient 1 to the term), so any training loop that calls ``loss.backward()`` trains
-  the gates with it, and the logged loss stays the task loss.
+- **gate**: per gated ``QLinear`` / ``QConv2d`` a float ``nn.Linear(C_in, K)`` on each sample's input
+  averaged over its spatial positions (conv) or its other non-feature dims (Linear), detached from the
+  backbone: ``K`` logits per sample, one per bit option ``b_1 < ... < b_K`` (default 4, 6, 8).
+  Zero-initialised weights, biases favouring the highest option by ``init_logit`` (training starts near
+  static 8-bit).
+- **choice, per sample** (``per_sample=True``, the default): training draws a hard one-hot choice per sample
+  with the straight-through Gumbel-softmax (``soft = softmax((logits + g) / tau)``, ``g`` Gumbel noise from a
+  counter-based seed, a pure function of (seed, step, layer)); evaluation takes each sample's
+  ``argmax(logits)``.  The layer gets ``sample_groups``: the batch rows grouped by chosen width, each with
+  its :class:`~inttrain.spec.LayerPrecision` (forward-GEMM operands at that width via
+  :func:`inttrain.schedules.with_bits`, gradient operands at ``grad_bits``), and runs one integer GEMM /
+  convolution per width present, forward and both backward GEMMs at that group's precision
+  (:mod:`inttrain.nn.per_sample`; one width present: the plain single call).  Each sample's output row
+  is passed on unchanged in value (factor ``1 + soft_n - stopgrad(soft_n)`` = 1.0), which sends the
+  task-loss gradient ``<dL/dy_n, y_n>`` to that sample's gate output.
+- **cost regulariser**: with ``MAC_l`` the layer's forward MACs and ``p_ln = softmax(logits_ln)`` (sample
+  ``n``'s probabilities), the expected forward BitOPs relative to static 8-bit is
+  ``E = sum_l MAC_l mean_n sum_k p_lnk b_k^2 / (64 sum_l MAC_l)`` (the expected cost is the mean over the
+  samples); the objective gets ``cost_weight * (E - target_cost)^2``.  The term is added to the autograd
+  graph at the model output (a function that returns the output unchanged and sends gradient 1 to the
+  term), so any training loop that calls ``loss.backward()`` trains the gates with it, and the logged loss
+  stays the task loss.  :class:`inttrain.cost.BitOpsCounter` counts each width's rows at their own bits.
+- **distribution**: :meth:`DFQController.bit_distribution` gives, per layer, the share of the last training
+  batch's samples at each width (``inttrain train`` logs it as ``dfq_bits`` in metrics.jsonl;
+  ``inttrain plot`` draws it).
 
-**Per batch, not per input.**  FracTrain decides per input sample.  Here one decision per layer is made per
-batch, from features pooled over the batch: a layer runs as one int8 GEMM / convolution call with one
-quantization spec for the whole batch, and a per-sample precision would need the batch split into one call
-per option.  The gate is therefore input-adaptive at batch granularity only (with batches drawn from one
-distribution the pooled features vary little, so it mostly learns a per-layer precision).
+**Batch-level mode** (``per_sample=False``): one choice per layer per batch from features pooled over the
+whole batch; the layer runs as one call.  With batches drawn from one distribution the pooled features vary
+little, so it mostly learns a per-layer precision.
 
 **Combined FracTrain policy**: pass a schedule (e.g. :class:`~inttrain.schedules.PFQ`) as ``cap``: its
 forward bits at the current step cap every option (``min(b_k, cap)``), its gradient bits are used for the
 backward GEMMs, and it is stepped with the loss like a :class:`~inttrain.schedules.PrecisionScheduler`.
 
-Cost: the gate is a float Linear on a pooled vector (``C_in x K`` MACs per layer per batch), not counted in
+Cost: the gate is a float Linear on pooled vectors (``C_in x K`` MACs per layer per sample), not counted in
 BitOPs.  As everywhere on this CPU, fewer bits than 8 do not run faster (they use the int8 kernels); the
-saving is the BitOPs measured by :class:`inttrain.cost.BitOpsCounter`.
+saving is the BitOPs measured by :class:`inttrain.cost.BitOpsCounter`.  Per-sample choices cost extra
+kernel calls (one per width present, each paying the integer path's per-call overhead) and one gather and
+one scatter of the layer's rows: see ``benchmarks/dfq_overhead.py`` and docs/precision.md.
 
 >>> import torch, inttrain
 >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 >>> _ = inttrain.prepare_(m, "int8")
 >>> dfq = attach_dfq(m, DFQConfig(bits=(4, 6, 8), target_cost=0.5))
 >>> m(torch.randn(8, 16)).sum().backward()   # gates choose bits, regulariser in the graph
->>> dfq.step(1.0)
+>>> bits, grad_bits = dfq.step(1.0)   # mean forward bits of the last batch, gradient bits
 """
 
 from __future__ import annotations
