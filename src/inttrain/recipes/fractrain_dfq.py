@@ -161,6 +161,18 @@ class _AddToLoss(torch.autograd.Function):
         return grad, torch.ones((), dtype=torch.float32, device=grad.device)
 
 
+def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``<a_n, b_n>`` per row of the batch dim, in float32.  Same layout, contiguous or channels-last: one
+    batched matrix product over the memory order (no elementwise temporary); otherwise multiply and sum."""
+    a, b = a.float(), b.float()
+    cl = a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last)
+    if a.stride() == b.stride() and (a.is_contiguous() or cl):
+        rows = (lambda t: t.permute(0, 2, 3, 1).reshape(t.shape[0], 1, -1)) if cl and not a.is_contiguous() else (
+            lambda t: t.reshape(t.shape[0], 1, -1))
+        return torch.bmm(rows(a), rows(b).transpose(1, 2)).reshape(-1)
+    return (a * b).sum(dim=tuple(range(1, a.ndim)))
+
+
 class _StraightThrough(torch.autograd.Function):
     """``out * (1 + soft - stopgrad(soft))`` without the multiplies: returns ``out``'s values (the factor is
     exactly 1.0) and sends ``soft`` the gradient ``<dL/dout, out>`` (per sample when ``soft`` is ``[N]``: summed over each
@@ -176,8 +188,7 @@ class _StraightThrough(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         (out,) = ctx.saved_tensors
-        prod = grad.float() * out.float()
-        return grad, prod.sum(dim=tuple(range(1, prod.ndim))) if ctx.per_sample else prod.sum()
+        return grad, _row_dots(grad, out) if ctx.per_sample else _row_dots(grad, out).sum()
 
 
 def _macs(layer: nn.Module, out: torch.Tensor) -> int:
