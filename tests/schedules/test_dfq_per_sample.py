@@ -194,3 +194,33 @@ def test_batch_level_mode_is_kept() -> None:
     assert dfq.bit_distribution() == {"0": {4: 1.0}}
     with pytest.raises(ValueError, match="per_sample must be true or false"):
         DFQConfig(per_sample=1)  # type: ignore[arg-type]
+
+
+def test_conv_training_pass_matches_its_widths() -> None:
+    """The conv layer in training: two forward convolutions, one input-gradient and one weight-gradient
+    convolution for the batch; the 4-bit rows equal a 4-bit layer run on them alone, the 8-bit rows the plain
+    layer run on the whole batch, and the gradients the plain layer's backward with the same output gradient."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1))
+    inttrain.prepare_(m, "int8")
+    plain, low = copy.deepcopy(m), copy.deepcopy(m)
+    PrecisionScheduler(low, Constant(4, 8))
+    attach_dfq(m, DFQConfig(bits=(4, 8), cost_weight=0.0))
+    _force_by_sign(m[0])
+    torch.manual_seed(4)
+    x = torch.randn(9, 3, 8, 8)
+    x[:, 0] = torch.tensor([1.0, -1.0, -1.0] * 3).reshape(-1, 1, 1)
+    x.requires_grad_(True)
+    reset_kernel_calls()
+    y = m(x)
+    (y * y).sum().backward()
+    calls = int_kernel_calls()
+    assert (calls["conv_fwd"], calls["conv_dgrad"], calls["conv_wgrad"]) == (2, 1, 1)
+    rows4, rows8 = torch.arange(0, 9, 3), torch.tensor([1, 2, 4, 5, 7, 8])
+    xq = x.detach().clone().requires_grad_(True)
+    yq = plain(xq)
+    yq.backward(2 * y.detach())
+    with torch.no_grad():
+        assert torch.equal(y[rows4], low(x[rows4]))
+        assert torch.equal(y[rows8], yq[rows8])
+    assert torch.equal(x.grad, xq.grad) and torch.equal(m[0].weight.grad, plain[0].weight.grad)
