@@ -3,9 +3,9 @@
 Every policy trains the same prepared model (int8 recipe) on the same random CIFAR-sized batches; the steps
 of the policies are interleaved (one step of each in turn), so load from other processes hits all of them
 alike, and the table gives the median step time and its ratio to static 8-bit.  Per-sample DFQ splits every
-gated layer's batch by the chosen width and runs one integer GEMM / convolution per width present (forward
-and both backward GEMMs): its overhead is the extra kernel calls (with their weight quantizations) on
-smaller batches plus the gates.  Fewer bits do not run faster on this CPU (2..8-bit codes use the int8
+gated layer's batch by the chosen width and runs one forward GEMM / convolution per width present (the
+backward once for the batch: the widths share its precision, see inttrain.nn.per_sample): its overhead is
+the extra forward calls, the gather/scatter of rows and the gates.  Fewer bits do not run faster on this CPU (2..8-bit codes use the int8
 kernels), so the best any DFQ policy can do here is to match static 8-bit.
 
     python benchmarks/dfq_overhead.py --model resnet20 --batch-size 128 --steps 20 --threads 1 \\
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.threads} thread(s), torch {torch.__version__}; {args.steps} timed steps per policy after "
           f"{args.warmup} warm-up steps, policies interleaved step by step.", "", *table, "",
           "Fewer bits do not run faster on this CPU (every width runs on the int8 kernels): the ratios are the "
-          "overhead of the gates and of splitting the batch (one integer call per width present, each with its "
-          "own weight quantization). One run on a shared CPU: ratios are meaningful, absolute times vary.", ""]
+          "overhead of the gates and of splitting the batch (one forward call per width present, the backward "
+          "once per layer). One run on a shared CPU: ratios are meaningful, absolute times vary.", ""]
     (args.out / "results.md").write_text("\n".join(md))
     print("\n".join(table))
     return 0
