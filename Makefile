@@ -10,6 +10,7 @@ $(STAMP): requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m inttrain.kernels.native
 	touch $(STAMP)
 
 setup: $(STAMP)

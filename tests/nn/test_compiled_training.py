@@ -43,14 +43,14 @@ def _loss(model, x, y):
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
-def _train_side_by_side(name: str, recipe="int8", steps: int = 3, sync_weights: bool = False):
+def _train_side_by_side(name: str, recipe="int8", steps: int = 3, sync_weights: bool = False, dataflow: bool = False):
     eager, x, y = _model(name)
     fp32 = copy.deepcopy(eager)
     _loss(fp32, x, y).backward()
     fp32_grads = [p.grad.clone() for p in fp32.parameters()]
     compiled_model = copy.deepcopy(eager)
-    inttrain.prepare_(eager, recipe)
-    inttrain.prepare_(compiled_model, recipe)
+    inttrain.prepare_(eager, recipe, dataflow=dataflow)
+    inttrain.prepare_(compiled_model, recipe, dataflow=dataflow)
     run = torch.compile(compiled_model, fullgraph=True)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, compiled_model)]
     torch._dynamo.reset()  # graphs compiled by earlier tests (other shapes, other recipes) do not count
@@ -94,15 +94,17 @@ def _check(eager, compiled_model, history, fp32_grads):
     assert [m.calls for m in eager.modules() if hasattr(m, "sr_calls")] == [m.calls for m in layers]
 
 
+@pytest.mark.parametrize("dataflow", [False, True], ids=["int8", "int8-dataflow"])
 @pytest.mark.parametrize("name", ["mlp", "small-cnn"])
-def test_fullgraph_compile_trains_like_eager(name):
-    _check(*_train_side_by_side(name))
+def test_fullgraph_compile_trains_like_eager(name, dataflow):
+    _check(*_train_side_by_side(name, dataflow=dataflow))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dataflow", [False, True], ids=["int8", "int8-dataflow"])
 @pytest.mark.parametrize("name", ["resnet20", "gpt"])
-def test_fullgraph_compile_trains_like_eager_large(name):
-    _check(*_train_side_by_side(name))
+def test_fullgraph_compile_trains_like_eager_large(name, dataflow):
+    _check(*_train_side_by_side(name, dataflow=dataflow))
 
 
 def test_compiled_stochastic_rounding_uses_per_call_seeds(monkeypatch):

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from inttrain.data import DatasetSplits
-from inttrain.models import build_model
 from inttrain.nn.quant_bn import QuantBatchNorm2d
 from inttrain.nn.range_bn import RangeBatchNorm2d
 from inttrain.recipes import DoReFaConfig, UnifiedInt8Config, WageubnSGD
 from inttrain.recipes.unified_int8 import DSGCState, deviation_lr_scale
-from inttrain.trainer import TrainHooks, apply_recipe, load_checkpoint, save_checkpoint, train
+from inttrain.trainer import apply_recipe, load_checkpoint, save_checkpoint, train
 from inttrain.trainer.recipe_training import build_recipe_optimizer
+from trainer_utils import Record, small_cnn
 
 # search_every=3 and a stop at step 7: the resumed leg starts between two clip searches.
 RECIPES: dict[str, Any] = {
@@ -32,20 +32,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
-class Keep(TrainHooks):
-    """Keeps the latest "last" snapshot (the one a stop or an epoch end writes)."""
-
-    def __init__(self) -> None:
-        self.last: Any = None
-
-    def save(self, name: str, snapshot: Any) -> None:
-        if name == "last":
-            self.last = snapshot()
-
-
-def _model(splits: DatasetSplits) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return build_model("small-cnn", splits.num_classes, splits.in_channels, splits.image_size)
+Keep = Record
+_model = small_cnn
 
 
 def _train(splits: DatasetSplits, recipe: Any, **kw: Any) -> tuple[torch.nn.Module, Keep]:

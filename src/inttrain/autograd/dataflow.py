@@ -322,9 +322,7 @@ class _BatchNorm(Function):
                                                       training, momentum, eps)
         ctx.save_for_backward(x.codes, x.scale, w, mean, invstd, running_mean, running_var)
         ctx.zp, ctx.training, ctx.eps, ctx.fused, ctx.has_weight = x.zero_point, training, eps, fused, weight is not None
-        out = y.as_subclass(DeferredQuant)  # quantized by its consumer (see DeferredQuant)
-        out.bits = x.bits
-        return out
+        return DeferredQuant(y, x.bits)  # quantized by its consumer (see DeferredQuant)
 
     @staticmethod
     def backward(ctx, g):
@@ -496,9 +494,7 @@ class _Add(Function):
                 total = from_rows(passes.add_rows(rows_a, rows_view(b.codes), b.scale), af.shape)
             else:
                 total = af + (b.dequantize() if isinstance(b, QActivation) else b.float())
-            out = total.as_subclass(DeferredQuant)  # quantized by its consumer, usually the block's ReLU
-        out.bits = bits
-        return out
+            return DeferredQuant(total, bits)  # quantized by its consumer, usually the block's ReLU
 
     @staticmethod
     def backward(ctx, g):

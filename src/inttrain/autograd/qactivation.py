@@ -176,11 +176,40 @@ class DeferredQuant(torch.Tensor):
     (an integer layer quantizes it as usual).
     """
 
-    bits: int = 8
+    inner: torch.Tensor
+    bits: int
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor, bits: int = 8):
+        # A wrapper around the float tensor (not a view of it): torch.compile traces wrapper subclasses
+        # (flattened to ``inner``), while ``as_subclass`` on a traced tensor is refused.
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape, strides=inner.stride(), dtype=inner.dtype, device=inner.device, requires_grad=False
+        )
+        t.inner, t.bits = inner, bits
+        return t
+
+    def __repr__(self) -> str:
+        return f"DeferredQuant(shape={tuple(self.shape)}, int{self.bits} pending, grad_fn={self.grad_fn})"
+
+    def __tensor_flatten__(self):
+        return ["inner"], (self.bits,)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return DeferredQuant(inner["inner"], *meta)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         return _route(DEFERRED_OPS, func, args, kwargs or {})
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
+            (x,) = args
+            return DeferredQuant(func(x.inner), x.bits)
+        unwrap = lambda a: a.inner if isinstance(a, DeferredQuant) else a  # noqa: E731
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
 
 
 def _route(table: dict[Callable, Callable], func, args, kwargs):

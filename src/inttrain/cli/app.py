@@ -108,6 +108,13 @@ def train_cmd(
     lr: Annotated[Optional[float], typer.Option(help="Learning rate. \\[default: 0.05]")] = None,
     optimizer: Annotated[Optional[str], typer.Option(help="sgd, adam or adamw. \\[default: sgd]")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed for init, data split and order. \\[default: 0]")] = None,
+    weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="Weight decay (L2 for sgd/adam, decoupled for adamw). \\[default: 0]")] = None,
+    momentum: Annotated[Optional[float], typer.Option(help="SGD momentum (sgd and wageubn only). \\[default: 0.9]")] = None,
+    nesterov: Annotated[Optional[bool], typer.Option("--nesterov/--no-nesterov", help="Nesterov momentum (sgd only). \\[default: off]")] = None,
+    lr_schedule: Annotated[Optional[str], typer.Option("--lr-schedule", help="constant, step (x0.1 at 50% and 75% of the steps), cosine (to 0) or onecycle (torch OneCycleLR, max lr = --lr). \\[default: constant]")] = None,
+    warmup_epochs: Annotated[Optional[float], typer.Option("--warmup-epochs", help="Linear lr warm-up from 0 over this many epochs (fractions allowed). \\[default: 0]")] = None,
+    clip_grad_norm: Annotated[Optional[float], typer.Option("--clip-grad-norm", help="Clip the global gradient L2 norm to this before every step. \\[default: off]")] = None,
+    train_limit: Annotated[Optional[int], typer.Option("--train-limit", help="Train on the first N training samples only. \\[default: all]")] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads (default: torch's choice).")] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many steps (resumable).")] = None,
     log_every: Annotated[Optional[int], typer.Option(help="Steps between metrics rows. \\[default: 10]")] = None,
@@ -126,6 +133,7 @@ def train_cmd(
     dclr: Annotated[Optional[bool], typer.Option("--dclr/--no-dclr", help="unified-int8: deviation-counteractive per-layer learning-rate scaling (Zhu et al. 2020, Eq. 10). \\[default: on]")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="torch.compile the training step (one graph, integer kernels as nodes; first-step compile time is logged; eager fallback with a message). \\[default: on for integer recipes without --dataflow or --nproc; off with INTTRAIN_COMPILE=0]")] = None,
     dataflow: Annotated[Optional[bool], typer.Option("--dataflow/--no-dataflow", help="Integer recipes: int8 activations flow between layers and are saved in int8 for backward (~4x less activation memory; docs/dataflow.md). \\[default: off]")] = None,
+    probe_every: Annotated[Optional[int], typer.Option("--probe-every", help="Integer recipes: every N steps, the SQNR (dB) of each integer layer's forward, grad-input and grad-weight GEMM against float64 on one fixed batch, to RUN_DIR/probe.csv (`inttrain plot` draws probe.png). \\[default: off]")] = None,
 ) -> None:
     """Train one model with one recipe into a run folder (config, metrics, log, checkpoints).
 
@@ -136,9 +144,12 @@ def train_cmd(
 
     flags = dict(model=model, dataset=dataset, data_dir=data_dir, recipe=recipe, bits=bits, epochs=epochs,
                  batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads,
+                 weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, lr_schedule=lr_schedule,
+                 warmup_epochs=warmup_epochs, clip_grad_norm=clip_grad_norm, train_limit=train_limit,
                  max_steps=max_steps, log_every=log_every, seq_len=seq_len, augment=augment, schedule=schedule,
                  nproc=nproc, comm=comm, dist_timeout=dist_timeout,
-                 sync_bn=sync_bn, max_restarts=max_restarts, save_every=save_every, dclr=dclr, dataflow=dataflow, compile=compile)
+                 sync_bn=sync_bn, max_restarts=max_restarts, save_every=save_every, dclr=dclr, dataflow=dataflow, compile=compile,
+                 probe_every=probe_every)
     cfg = resolve_config(config, list(set_ or []), flags)
     code = start_run(cfg, out)
     if code:

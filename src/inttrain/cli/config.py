@@ -32,6 +32,14 @@ class RunConfig:
     batch_size: int = 32
     lr: float = 0.05
     optimizer: str = "sgd"
+    # Optimizer and lr knobs (inttrain.trainer.train): momentum/nesterov are sgd's (and wageubn's, without nesterov).
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    nesterov: bool = False
+    lr_schedule: str = "constant"  # constant, step (x0.1 at 50% and 75%), cosine (to 0) or onecycle (max lr = lr)
+    warmup_epochs: float = 0.0  # linear warm-up from 0 over this many epochs (fractions allowed)
+    clip_grad_norm: float | None = None  # clip the global gradient L2 norm to this before every step
+    train_limit: int | None = None  # train on the first N training samples only
     seed: int = 0
     threads: int | None = None
     max_steps: int | None = None  # stop (resumably) after this many steps
@@ -72,6 +80,9 @@ class RunConfig:
     save_every: int | None = None  # also save checkpoints/last every this many steps (restart/resume points)
     # unified-int8: deviation-counteractive per-layer LR scaling (Zhu et al. CVPR 2020, Eq. 10); false: plain lr.
     dclr: bool = True
+    # Numerics probe (issue 16): every this many steps, per integer layer and GEMM the SQNR of the integer result
+    # against float64 on one fixed batch, appended to RUN_DIR/probe.csv (inttrain.trainer.probe).
+    probe_every: int | None = None
     # Limits judged before reading data or building the model (inttrain.data.limits; README "Reliability").
     max_memory_gb: float | None = None  # data + model + activations; None: 80% of physical memory
     max_classes: int = 10_000
@@ -82,10 +93,11 @@ class RunConfig:
 #: (Lower bounds, bit widths and cross-field rules live in ``run.validate_config`` and the recipes, with their
 #: own messages.)
 UPPER: dict[str, float] = {
-    "epochs": 10**6, "batch_size": 1 << 24, "lr": 1e6, "threads": 4096, "max_steps": 10**12,
+    "epochs": 10**6, "batch_size": 1 << 24, "lr": 1e6, "weight_decay": 1e6,
+    "warmup_epochs": 10**6, "clip_grad_norm": 1e12, "train_limit": 1 << 40, "threads": 4096, "max_steps": 10**12,
     "log_every": 10**9, "max_consecutive_skips": 10**9, "val_fraction": 1.0, "seq_len": 1 << 20, "d_model": 1 << 16,
     "n_layers": 1024, "n_heads": 1024, "schedule_cycles": 10**6, "schedule_window": 10**9, "schedule_threshold": 1e6, "schedule_target_cost": 1e3,
-    "schedule_cost_weight": 1e6, "nproc": 1024, "dist_timeout": 1e7, "max_restarts": 1000, "save_every": 10**12,
+    "schedule_cost_weight": 1e6, "nproc": 1024, "dist_timeout": 1e7, "max_restarts": 1000, "save_every": 10**12, "probe_every": 10**12,
     "max_memory_gb": 1 << 20, "max_classes": 1 << 24, "max_image_side": 1 << 16, "seed": 2**63 - 1,
 }
 #: Config files are a screenful of keys: anything far larger or deeper is not a config.

@@ -119,6 +119,9 @@ def plot_run(run_dir: Path) -> list[Path]:
     ax.set(xlabel="step", ylabel="learning rate", title=f"{run_dir.name}: lr")
     save(fig, "lr.png")
 
+    probe = probe_figure(run_dir)
+    if probe is not None:
+        save(probe, "probe.png")
     dfq = [(r["step"], d) for r in rows if r["kind"] == "step" and (d := _dfq_shares(r.get("dfq_bits")))]
     if dfq:
         save(_dfq_figure(plt, dfq, run_dir.name), "dfq_bits.png")
@@ -225,3 +228,43 @@ def plot_runs(run_dirs: list[Path], out: Path | None = None) -> list[Path]:
     curves("lr.png", "learning rate",
            lambda rows: [(r["step"], r["lr"]) for r in rows if r["kind"] == "step" and r.get("lr") is not None], "{:.3g}")
     return written
+
+
+def probe_figure(run_dir: Path) -> Any:
+    """``--probe-every``'s SQNR per GEMM over steps (one line per layer) and per layer at the last probe; None
+    without probe rows. Exact GEMMs (``inf`` dB) are drawn at the top of the axis."""
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from inttrain.nn.probe import PROBE_GEMMS
+    from inttrain.trainer.probe import read_probe
+
+    rows = read_probe(run_dir)
+    if not rows:
+        return None
+    finite = [r["sqnr_db"] for r in rows if math.isfinite(r["sqnr_db"])]
+    top = max(finite, default=100.0) + 5
+    value = lambda r: min(r["sqnr_db"], top)  # noqa: E731
+    layers = list(dict.fromkeys(r["layer"] for r in rows))
+    colors = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+    for ax, gemm in zip(axes, PROBE_GEMMS):
+        for i, layer in enumerate(layers):
+            mine = [r for r in rows if r["layer"] == layer and r["gemm"] == gemm]
+            if mine:
+                ax.plot([r["step"] for r in mine], [value(r) for r in mine], lw=1,
+                        color=colors(i / max(len(layers) - 1, 1)), label=layer)
+        ax.set(xlabel="step", ylabel="SQNR (dB)", title=f"{gemm} (dark: first layer, light: last)")
+        ax.grid(alpha=0.3)
+    last = max(r["step"] for r in rows)
+    ax = axes[3]
+    for gemm in PROBE_GEMMS:
+        mine = {r["layer"]: value(r) for r in rows if r["step"] == last and r["gemm"] == gemm}
+        ax.plot([i for i, layer in enumerate(layers) if layer in mine], [mine[layer] for layer in layers if layer in mine],
+                "o-", ms=3, label=gemm)
+    ax.set(xlabel="layer (model order)", ylabel="SQNR (dB)", title=f"step {last}, per layer")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{run_dir.name}: SQNR of the integer GEMMs against float64", fontsize=9)
+    return fig

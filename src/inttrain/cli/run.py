@@ -76,6 +76,9 @@ def validate_config(cfg: RunConfig) -> Any:
     check_choice("--model", cfg.model, MODEL_NAMES)
     check_choice("--dataset", cfg.dataset, DATASET_NAMES)
     check_choice("--optimizer", cfg.optimizer, OPTIMIZER_NAMES)
+    from inttrain.schedules.lr import LR_SCHEDULES
+
+    check_choice("--lr-schedule", cfg.lr_schedule, LR_SCHEDULES)
     check_choice("--augment", cfg.augment, AUGMENTATIONS)
     from inttrain.schedules import SCHEDULE_NAMES
 
@@ -84,15 +87,22 @@ def validate_config(cfg: RunConfig) -> Any:
     if cfg.recipe == "wageubn" and cfg.optimizer != "sgd":  # its update is a quantized SGD (WageubnSGD)
         raise UsageProblem("--optimizer", f"{cfg.optimizer!r}: recipe 'wageubn' trains with its own quantized SGD; "
                                           "allowed: sgd")
+    _check_optimizer_knobs(cfg)
     _check_positive(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, threads=cfg.threads,
                     max_steps=cfg.max_steps, log_every=cfg.log_every, max_consecutive_skips=cfg.max_consecutive_skips,
-                    seq_len=cfg.seq_len)
+                    seq_len=cfg.seq_len, clip_grad_norm=cfg.clip_grad_norm, train_limit=cfg.train_limit)
     for key in ("d_model", "n_layers", "n_heads"):  # config-only keys: name them as --set takes them
         value = getattr(cfg, key)
         if value is not None and value < 1:
             raise UsageProblem(f"--set {key}", f"{value} must be > 0")
     check_choice("--comm", cfg.comm, ("fp32", "int8"))
-    _check_positive(nproc=cfg.nproc, dist_timeout=cfg.dist_timeout, save_every=cfg.save_every)
+    _check_positive(nproc=cfg.nproc, dist_timeout=cfg.dist_timeout, save_every=cfg.save_every,
+                    probe_every=cfg.probe_every)
+    from inttrain.trainer import FLOAT_RECIPES
+
+    if cfg.probe_every is not None and cfg.recipe in FLOAT_RECIPES:
+        raise UsageProblem("--probe-every", f"{cfg.probe_every}: recipe {cfg.recipe!r} has no integer layers to probe; "
+                                            "use an integer recipe such as int8")
     if cfg.max_restarts < 0:
         raise UsageProblem("--max-restarts", f"{cfg.max_restarts} must be >= 0")
     if cfg.batch_size % cfg.nproc:
@@ -111,6 +121,39 @@ def validate_config(cfg: RunConfig) -> Any:
             cfg.dataset, f"a file or folder with the {cfg.dataset} data")
         raise UsageProblem("--data-dir", f"{cfg.data_dir!r} does not exist; expected {where}")
     return recipe_config_for(cfg.recipe, cfg.bits)
+
+
+def _check_optimizer_knobs(cfg: RunConfig) -> None:
+    """--momentum / --weight-decay / --nesterov / --warmup-epochs: ranges, and only where they apply."""
+    from inttrain.trainer.loop import check_optimizer_options
+
+    if not cfg.weight_decay >= 0:
+        raise UsageProblem("--weight-decay", f"{cfg.weight_decay} must be >= 0")
+    if not 0 <= cfg.momentum < 1:
+        raise UsageProblem("--momentum", f"{cfg.momentum}: allowed 0 <= momentum < 1")
+    if not cfg.warmup_epochs >= 0:
+        raise UsageProblem("--warmup-epochs", f"{cfg.warmup_epochs} must be >= 0")
+    if cfg.nesterov and cfg.recipe == "wageubn":
+        raise UsageProblem("--nesterov", "recipe 'wageubn' trains with its quantized SGD (WageubnSGD), which has no "
+                                         "nesterov momentum; allowed: --no-nesterov")
+    try:
+        check_optimizer_options(cfg.optimizer, cfg.momentum, cfg.weight_decay, cfg.nesterov)
+    except ValueError as e:
+        raise UsageProblem("--nesterov" if cfg.nesterov else "--momentum", str(e)) from None
+
+
+def limit_train(splits: Any, n: int | None) -> Any:
+    """``splits`` with only the first ``n`` training samples (all of them when ``n`` is None or larger)."""
+    import dataclasses
+
+    from torch.utils.data import Subset, TensorDataset
+
+    if n is None or n >= len(splits.train):
+        return splits
+    train = splits.train
+    # A TensorDataset stays one (the trainer gathers its batches with one index per tensor).
+    limited = TensorDataset(*(t[:n] for t in train.tensors)) if isinstance(train, TensorDataset) else Subset(train, range(n))
+    return dataclasses.replace(splits, train=limited)
 
 
 def model_overrides(cfg: RunConfig) -> dict[str, int]:
@@ -184,13 +227,17 @@ def prepare_run(cfg: RunConfig, echo: Any = typer.echo, splits: Any = None) -> P
                                   limits=limits)
     except DataError as e:
         raise UsageProblem(f"--dataset {cfg.dataset}", str(e)) from e
+    available = len(splits.train)
+    splits = limit_train(splits, cfg.train_limit)
     check_model_memory(cfg, splits, limits)
     shape = (
         f"vocabulary {splits.num_classes}, sequences of {splits.image_size}" if splits.task == "lm"
         else f"{splits.num_classes} classes, {splits.in_channels}x{splits.image_size}x{splits.image_size}"
     )
     echo(
-        f"{cfg.model} on {cfg.dataset}: {len(splits.train)} train / {len(splits.val)} val ({splits.val_source}), "
+        f"{cfg.model} on {cfg.dataset}: {len(splits.train)} train"
+        + (f" (--train-limit: first {len(splits.train)} of {available})" if len(splits.train) < available else "")
+        + f" / {len(splits.val)} val ({splits.val_source}), "
         f"{shape}; recipe {cfg.recipe}" + (f" ({cfg.bits} bits)" if cfg.bits is not None else "")
     )
     torch.manual_seed(cfg.seed)
@@ -230,11 +277,13 @@ def check_out(out: Path) -> None:
         raise UsageProblem("--out", f"{str(out)!r}: cannot create a folder under {str(parent)!r} (not writable)")
 
 
-def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = None) -> int:
+def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = None,
+                 train_args: dict[str, Any] | None = None) -> int:
     """Train with ``folder`` as hooks; returns the exit code (128+signal if stopped by one).
 
     ``dp``: this rank's :class:`inttrain.distributed.data_parallel.DataParallel`; ranks other than 0
-    pass a :class:`SilentFolder` (no files, no output).
+    pass a :class:`SilentFolder` (no files, no output). ``train_args``: further ``train()`` keywords
+    (benchmarks set trainer options the run config does not name).
     """
     from inttrain.trainer import train
 
@@ -262,6 +311,11 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
 
     folder.extra = extra
     folder.data_info = data_info(p.splits)
+    if cfg.probe_every is not None and not isinstance(folder, SilentFolder):
+        from inttrain.trainer.probe import ProbeLog
+
+        x, y = p.splits.train[:cfg.batch_size]  # one fixed, unaugmented batch: rows differ by the weights only
+        folder.probe = ProbeLog(p.model, x, y, cfg.probe_every, folder.root)
     # Resume: TensorBoard drops what the interrupted leg logged after its checkpoint.
     folder.open_tensorboard(None if resume_from is None else int(resume_from[1]["train_state"]["step"]) + 1)
     use_compile = _use_compile(cfg, p, dp)
@@ -274,6 +328,10 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
                 resume_from=resume_from, augment=cfg.augment, precision_scheduler=p.scheduler, cost_counter=counter,
                 data_parallel=dp, save_every=cfg.save_every, dclr=cfg.dclr, compile=use_compile,
                 **({"progress": False} if isinstance(folder, SilentFolder) else {}),
+                # the run config's knobs; a caller's train_args (the accuracy benchmark) take precedence
+                **{"weight_decay": cfg.weight_decay, "momentum": cfg.momentum, "nesterov": cfg.nesterov,
+                   "lr_schedule": cfg.lr_schedule, "warmup_epochs": cfg.warmup_epochs,
+                   "clip_grad_norm": cfg.clip_grad_norm, **(train_args or {})},
             )
     finally:
         folder.close()
@@ -288,8 +346,7 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
         return exit_code_for(got[0])
     quality = f"val_acc {result.val_accuracy:.4f}"
     if p.splits.task == "lm":
-        ppl = result.epochs[-1].val_perplexity if result.epochs else float("nan")
-        quality = f"val_loss {result.val_loss:.4f}, val_ppl {ppl:.2f}, {quality}"
+        quality = f"val_loss {result.val_loss:.4f}, val_ppl {result.val_perplexity:.2f}, {quality}"
     folder.log(
         f"done: {quality}, {result.time_per_step * 1e3:.2f} ms/step (median), "
         f"{result.steps} steps, {result.skipped_steps} skipped"
@@ -323,7 +380,7 @@ def write_summary(root: Path, cfg: RunConfig, result: Any) -> None:
         "val_accuracy": num(result.val_accuracy),
         "best_val_accuracy": num(max(result.val_accuracies, default=math.nan)),
         "val_loss": num(result.val_loss),
-        "val_perplexity": num(result.epochs[-1].val_perplexity) if result.epochs else None,
+        "val_perplexity": num(result.val_perplexity),
         "epochs": len(result.epochs),
         "steps": result.steps,
         "skipped_steps": result.skipped_steps,

@@ -21,9 +21,11 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from inttrain.data import DatasetSplits
+from inttrain.schedules.lr import LrSchedule
 
 from .augment import augment_batch
 from .compiled import CompiledForward
+from .lr import ScheduledLr
 from .progress import Progress
 from .recipe_training import build_recipe_optimizer, layer_hook_state, load_layer_hook_state
 from .recipes import apply_recipe, autocast_for
@@ -43,6 +45,15 @@ __all__ = [
 ]
 
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam", "adamw")
+DEFAULT_MOMENTUM = 0.9
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), inf where that overflows."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 @dataclass
@@ -61,10 +72,7 @@ class EpochStats:
     @property
     def val_perplexity(self) -> float:
         """exp(val_loss): the language-model figure (inf if the loss overflows it)."""
-        try:
-            return math.exp(self.val_loss)
-        except OverflowError:
-            return math.inf
+        return perplexity(self.val_loss)
 
 
 @dataclass
@@ -108,6 +116,8 @@ class RunResult:
     skipped_steps: int
     time_per_step: float  # median seconds per taken step (robust to warm-up)
     stopped: str = ""  # why training ended before its last epoch ("" if it did not)
+    # (val_loss, val_accuracy) of the validation a max_steps stop ends with (None: the run ended at an epoch).
+    final_val: tuple[float, float] | None = None
 
     @property
     def train_losses(self) -> list[float]:
@@ -119,11 +129,21 @@ class RunResult:
 
     @property
     def val_accuracy(self) -> float:
+        """Accuracy of the last validation (the final one of a max_steps stop, else the last epoch's)."""
+        if self.final_val is not None:
+            return self.final_val[1]
         return self.epochs[-1].val_accuracy if self.epochs else float("nan")
 
     @property
     def val_loss(self) -> float:
+        if self.final_val is not None:
+            return self.final_val[0]
         return self.epochs[-1].val_loss if self.epochs else float("nan")
+
+    @property
+    def val_perplexity(self) -> float:
+        """exp(val_loss) of the last validation (inf if it overflows)."""
+        return perplexity(self.val_loss)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -134,14 +154,35 @@ class NonFiniteLossError(RuntimeError):
         self.step, self.result = step, result
 
 
-def build_optimizer(name: str, params: Any, lr: float, momentum: float = 0.9, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def check_optimizer_options(name: str, momentum: float = 0.9, weight_decay: float = 0.0, nesterov: bool = False) -> None:
+    """ValueError naming the option if ``momentum``/``weight_decay``/``nesterov`` do not apply to optimizer ``name``.
+
+    momentum and nesterov are SGD's (adam/adamw have betas instead): a non-default value there would be
+    silently ignored, so it is refused.
+    """
+    if name not in OPTIMIZER_NAMES:
+        raise ValueError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZER_NAMES)}")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum={momentum}: allowed 0 <= momentum < 1")
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay={weight_decay}: allowed >= 0")
+    if name != "sgd" and (nesterov or momentum != DEFAULT_MOMENTUM):
+        what = "nesterov" if nesterov else f"momentum={momentum}"
+        raise ValueError(f"{what} applies to sgd only; optimizer {name!r} uses its betas (leave momentum at "
+                         f"{DEFAULT_MOMENTUM} and nesterov off, or use sgd)")
+    if nesterov and momentum == 0:
+        raise ValueError("nesterov needs momentum > 0 (got momentum=0)")
+
+
+def build_optimizer(name: str, params: Any, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+                    nesterov: bool = False) -> torch.optim.Optimizer:
+    """The trainer's optimizer ``name`` (sgd, adam, adamw) over ``params`` (tensors or parameter groups)."""
+    check_optimizer_options(name, momentum, weight_decay, nesterov)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZER_NAMES)}")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 def _loss(logits: Tensor, target: Tensor) -> Tensor:
@@ -204,6 +245,13 @@ def _first_nonfinite_grad(model: nn.Module) -> str | None:
     return next((n for n, g in named if not bool(torch.isfinite(g).all())), None)
 
 
+def _quality(val_loss: float, val_accuracy: float, lm: bool) -> str:
+    """How a validation is logged: a language model is judged by its loss (perplexity) first."""
+    if lm:
+        return f"val_loss {val_loss:.4f}  val_ppl {perplexity(val_loss):.2f}  val_acc {val_accuracy:.4f}"
+    return f"val_acc {val_accuracy:.4f}"
+
+
 def _batch(dataset: Dataset, idx: Tensor) -> tuple[Tensor, Tensor]:
     if isinstance(dataset, TensorDataset):  # one gather per tensor instead of per-sample collation
         x, y = dataset[idx]
@@ -239,6 +287,12 @@ def train(
     save_every: int | None = None,
     dclr: bool = True,
     compile: bool = False,
+    weight_decay: float = 0.0,
+    momentum: float = DEFAULT_MOMENTUM,
+    nesterov: bool = False,
+    lr_schedule: str = "constant",
+    warmup_epochs: float = 0.0,
+    clip_grad_norm: float | None = None,
 ) -> RunResult:
     """Train ``model`` on ``splits`` in place and return per-epoch statistics.
 
@@ -269,12 +323,23 @@ def train(
     The recipe's own optimizer parts apply (:mod:`inttrain.trainer.recipe_training`: ``unified-int8``'s
     per-layer DCLR learning rates unless ``dclr=False``, ``wageubn``'s WageubnSGD), and its per-layer
     state (DSGC clip ratios, counters, deviations) is saved in checkpoints and restored on resume.
+    ``weight_decay``, ``momentum``, ``nesterov``: the optimizer's (momentum and nesterov: sgd only;
+    ``wageubn``'s WageubnSGD takes momentum and weight decay, not nesterov). ``lr_schedule``: constant,
+    step, cosine or onecycle over the whole run (``epochs`` x steps per epoch), after ``warmup_epochs`` of
+    linear warm-up from 0 (:class:`inttrain.schedules.lr.LrSchedule`); each step's lr is a function of the
+    step index, so resumes are exact, and recipes that rescale per-layer lrs (DCLR) scale the scheduled lr.
+    ``clip_grad_norm``: rescale the gradients so their global L2 norm is at most this, before every step.
+    A run stopped by ``max_steps`` ends with a validation (``RunResult.val_accuracy``/``val_loss``).
     """
     if epochs < 1 or batch_size < 1 or not lr > 0 or max_consecutive_skips < 1:
         raise ValueError(
             f"epochs, batch_size and max_consecutive_skips must be >= 1 and lr > 0; got epochs={epochs}, "
             f"batch_size={batch_size}, lr={lr}, max_consecutive_skips={max_consecutive_skips}"
         )
+    if not warmup_epochs >= 0 or (clip_grad_norm is not None and not clip_grad_norm > 0):
+        raise ValueError(f"warmup_epochs must be >= 0 and clip_grad_norm > 0 (or None); got warmup_epochs="
+                         f"{warmup_epochs}, clip_grad_norm={clip_grad_norm}")
+    check_optimizer_options(optimizer, momentum, weight_decay, nesterov)
     hooks = hooks or TrainHooks()
     dev = torch.device(device)
     torch.manual_seed(seed)  # dropout, stochastic rounding, ... inside the step
@@ -283,7 +348,14 @@ def train(
         apply_recipe(model, recipe_config if recipe_config is not None else recipe)
     # After prepare_: the optimizer must see the parameters the model now uses.
     opt, before_step = build_recipe_optimizer(
-        model, recipe_config if recipe_config is not None else recipe, optimizer, lr, dclr=dclr)
+        model, recipe_config if recipe_config is not None else recipe, optimizer, lr, dclr=dclr,
+        momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+    n = len(splits.train)
+    # Full batches only (every step the same shape: comparable step times, no
+    # 1-sample BatchNorm batches); reshuffling means no sample is lost for good.
+    batches = n // batch_size if n >= batch_size else 1
+    schedule = LrSchedule(lr_schedule, epochs * batches, round(warmup_epochs * batches))
+    scheduled_lr = ScheduledLr(opt, schedule)
     # Data order comes from this generator alone (one permutation per epoch), so
     # (generator state at epoch start, position) pins where a resume continues.
     gen = torch.Generator().manual_seed(seed)
@@ -301,6 +373,10 @@ def train(
             precision_scheduler.load_state_dict(saved["precision_scheduler"])
         if cost_counter is not None and "cost_counter" in saved:
             cost_counter.load_state_dict(saved["cost_counter"])
+        before = saved.get("lr_schedule")
+        if before is not None and before != asdict(schedule):
+            log(f"lr schedule changed on resume: {before} -> {asdict(schedule)} (the new one applies from "
+                f"step {state.step + 1})")
     if cost_counter is not None:
         cost_counter.attach()
     dp = data_parallel
@@ -315,18 +391,14 @@ def train(
         hooks = dp.wrap_hooks(hooks)  # `last` checkpoints carry every rank's comm state
 
     step_net: Callable[[Tensor], Tensor] = CompiledForward(net, log) if compile else net
-    n = len(splits.train)
     lm = splits.task == "lm"
-    # Full batches only (every step the same shape: comparable step times, no
-    # 1-sample BatchNorm batches); reshuffling means no sample is lost for good.
-    batches = n // batch_size if n >= batch_size else 1
     val_loader = DataLoader(splits.val, batch_size=max(batch_size, 256))
 
-    def result(stopped: str = "") -> RunResult:
+    def result(stopped: str = "", final_val: tuple[float, float] | None = None) -> RunResult:
         taken = state.step_times
         return RunResult(
             recipe, list(state.history), len(taken), state.skipped,
-            statistics.median(taken) if taken else float("nan"), stopped,
+            statistics.median(taken) if taken else float("nan"), stopped, final_val,
         )
 
     def snapshot() -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -337,6 +409,7 @@ def train(
             "rng": capture_rng(),
             "layer_calls": layer_calls(model),
             "layer_hooks": layer_hook_state(model),
+            "lr_schedule": asdict(schedule),
             **({} if precision_scheduler is None else {"precision_scheduler": precision_scheduler.state_dict()}),
             **({} if cost_counter is None else {"cost_counter": cost_counter.state_dict()}),
         }
@@ -349,11 +422,12 @@ def train(
             state.epoch_losses, state.epoch_times, state.epoch_skipped = [], [], 0
         else:  # resumed mid-epoch: redraw the same permutation, skip what was consumed
             perm = torch.randperm(n, generator=torch.Generator().set_state(state.epoch_gen_state))
-        bar = Progress(batches, f"epoch {epoch}/{epochs}", log, tty=progress)
+        bar = Progress(batches, f"epoch {epoch}/{epochs}", log, tty=progress, initial=state.position)
         try:
             for b in range(state.position, batches):
                 idx = perm[b * batch_size : (b + 1) * batch_size]
                 state.step += 1
+                scheduled_lr.apply(state.step - 1)
                 if dp is None:
                     x, y = _batch(splits.train, idx)
                     x = augment_batch(x, augment, seed, state.step)
@@ -408,6 +482,9 @@ def train(
                         )
                 else:
                     state.consecutive_skips = 0
+                    if clip_grad_norm is not None:
+                        # After DDP's all-reduce: every rank clips the same global gradient alike.
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
                     if before_step is not None:
                         before_step()  # e.g. DCLR: per-layer lr from the last DSGC deviation
                     opt.step()
@@ -425,7 +502,12 @@ def train(
                 if reason:
                     hooks.save("last", snapshot)
                     log(f"stopped at step {state.step} (epoch {epoch}, batch {state.position}/{batches}): {reason}")
-                    return result(reason)
+                    if reason != "max_steps":
+                        return result(reason)
+                    # After the snapshot, so the checkpoint (and a resume) is what it would be without it.
+                    final = evaluate_metrics(model, val_loader, recipe, dev)
+                    log(f"validation at step {state.step}: " + _quality(final[0], final[1], lm))
+                    return result(reason, final)
                 if save_every and state.step % save_every == 0:
                     hooks.save("last", snapshot)  # resumable here (torchrun --max-restarts, `inttrain resume`)
         finally:
@@ -445,13 +527,8 @@ def train(
         state.history.append(stats)
         state.epoch, state.position = epoch, 0
         hooks.on_epoch(state, stats, opt.param_groups[0]["lr"])
-        # A language model is judged by its loss (perplexity); next-token accuracy is secondary.
-        quality = (
-            f"val_loss {stats.val_loss:.4f}  val_ppl {stats.val_perplexity:.2f}  val_acc {stats.val_accuracy:.4f}"
-            if lm else f"val_acc {stats.val_accuracy:.4f}"
-        )
         log(
-            f"epoch {epoch}/{epochs}  train_loss {stats.train_loss:.4f}  {quality}  "
+            f"epoch {epoch}/{epochs}  train_loss {stats.train_loss:.4f}  {_quality(stats.val_loss, stats.val_accuracy, lm)}  "
             f"{stats.time_per_step * 1e3:.2f} ms/step  steps {stats.steps}"
             + (f"  skipped {stats.skipped}" if stats.skipped else "")
         )

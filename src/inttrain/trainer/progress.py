@@ -22,14 +22,16 @@ class Progress:
         log: Callable[[str], Any],
         tty: bool | None = None,
         interval_s: float = 10.0,
+        initial: int = 0,
     ) -> None:
+        """``initial``: steps of this span already done (a resumed epoch continues from there)."""
         self.total, self.desc, self.log, self.interval_s = total, desc, log, interval_s
         self._last = time.perf_counter()
         self._bar = None
         if tty if tty is not None else sys.stderr.isatty():
             from tqdm import tqdm  # lazy: keeps `import inttrain` cheap
 
-            self._bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
+            self._bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True, initial=initial)
 
     def update(self, step: int, loss: float) -> None:
         """``step`` is 1-based within this progress span."""

@@ -59,34 +59,42 @@ def swap_norms_(model: nn.Module, recipe: Any) -> nn.Module:
 
 
 def build_recipe_optimizer(
-    model: nn.Module, recipe: Any, optimizer: str, lr: float, dclr: bool = True,
+    model: nn.Module, recipe: Any, optimizer: str, lr: float, dclr: bool = True, *,
+    momentum: float = 0.9, weight_decay: float = 0.0, nesterov: bool = False,
 ) -> tuple[torch.optim.Optimizer, Callable[[], None] | None]:
     """(optimizer, hook to call right before every ``optimizer.step()`` or None) for ``recipe``.
 
     ``optimizer`` is the trainer's name (sgd, adam, adamw); ``model`` must already be prepared (the
     ``unified-int8`` groups are found from its converted layers).  The first parameter group always has the
-    base ``lr`` (the one the trainer logs).
+    base ``lr`` (the one the trainer logs).  ``momentum``, ``weight_decay``, ``nesterov``: as
+    :func:`inttrain.trainer.loop.build_optimizer`; ``wageubn``'s WageubnSGD takes momentum and weight decay
+    and refuses nesterov.
     """
     from inttrain.recipes import UnifiedInt8Config, WageubnConfig
 
-    from .loop import build_optimizer
+    from .loop import build_optimizer, check_optimizer_options
 
     cfg = recipe_config(recipe)
+    options = dict(momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
     if isinstance(cfg, WageubnConfig):
         if optimizer != "sgd":
             raise ValueError(f"recipe 'wageubn' trains with its quantized SGD (WageubnSGD); optimizer {optimizer!r} "
                              "is not allowed: use sgd")
-        return cfg.optimizer(model.parameters(), lr, momentum=0.9), None
+        check_optimizer_options(optimizer, momentum, weight_decay)
+        if nesterov:
+            raise ValueError("recipe 'wageubn' trains with its quantized SGD (WageubnSGD), which has no nesterov "
+                             "momentum: use --no-nesterov")
+        return cfg.optimizer(model.parameters(), lr, momentum=momentum, weight_decay=weight_decay), None
     if isinstance(cfg, UnifiedInt8Config) and dclr:
         from inttrain.recipes.unified_int8 import DeviationCounteractiveLR, dclr_param_groups
 
         groups = dclr_param_groups(model)
         groups.sort(key=lambda g: "dsgc" in g)  # the unscaled rest first (stable: layer order kept)
         if not any("dsgc" in g for g in groups):
-            return build_optimizer(optimizer, model.parameters(), lr), None
-        opt = build_optimizer(optimizer, groups, lr)
+            return build_optimizer(optimizer, model.parameters(), lr, **options), None
+        opt = build_optimizer(optimizer, groups, lr, **options)
         return opt, DeviationCounteractiveLR(opt, cfg.alpha, cfg.beta).step
-    return build_optimizer(optimizer, model.parameters(), lr), None
+    return build_optimizer(optimizer, model.parameters(), lr, **options), None
 
 
 def layer_hook_state(model: nn.Module) -> dict[str, dict[str, Any]]:

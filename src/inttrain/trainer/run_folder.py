@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .checkpoint import checkpoint_paths, save_checkpoint
 from .loop import EpochStats, TrainHooks, TrainState
-from .tensorboard import TensorBoardScalars
+from .tensorboard import TENSORBOARD_MISSING, TensorBoardScalars
 
 __all__ = ["RunFolder", "METRIC_FIELDS", "read_metrics", "write_yaml_atomic"]
 
@@ -74,6 +74,8 @@ class RunFolder(TrainHooks):
         #: What the model was trained on (classes, input shape, normalisation): saved with every checkpoint
         #: so ``inttrain eval --data-dir OTHER`` standardises other data exactly as training did.
         self.data_info: dict[str, Any] | None = None
+        #: Called with the step number after every taken step (``--probe-every``: :class:`inttrain.trainer.probe.ProbeLog`).
+        self.probe: Callable[[int], None] | None = None
 
     # ------------------------------------------------------------------ files
     def create(self) -> None:
@@ -95,10 +97,15 @@ class RunFolder(TrainHooks):
             w = csv.writer(f)
             w.writerow(METRIC_FIELDS)
             w.writerows([["" if r.get(k) is None else r[k] for k in METRIC_FIELDS] for r in rows])
+        from .probe import truncate_probe
+
+        truncate_probe(self.root, step)
 
     def open_tensorboard(self, purge_step: int | None = None) -> None:
         """Start mirroring rows to ``tb/`` (if tensorboard is installed); ``purge_step`` on resume."""
         self.tb = TensorBoardScalars(self.root / "tb", purge_step)
+        if self.tb.writer is None:
+            self.log(TENSORBOARD_MISSING)
 
     def close(self) -> None:
         if self.tb is not None:
@@ -122,6 +129,8 @@ class RunFolder(TrainHooks):
     # ------------------------------------------------------------------ hooks
     def on_step(self, state: TrainState, loss: float | None, lr: float, seconds: float) -> None:
         self._step_times.append(seconds)
+        if self.probe is not None and loss is not None:
+            self.probe(state.step)
         if state.step % self.log_every == 0 or loss is None:
             times, self._step_times = self._step_times, []
             self._row({

@@ -1,9 +1,9 @@
 """Optional TensorBoard output: the metrics rows as scalars in ``RUN_DIR/tb``.
 
 Written only when ``torch.utils.tensorboard`` imports (it needs the
-``tensorboard`` package); without it the run is unchanged and nothing is
-printed, because TensorBoard is a convenience and metrics.csv/jsonl already
-hold every number.
+``tensorboard`` package, the optional extra ``inttrain[tensorboard]``); without
+it the run is otherwise unchanged (metrics.csv/jsonl already hold every number)
+and the run folder logs :data:`TENSORBOARD_MISSING` once.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["summary_writer_class", "TensorBoardScalars"]
+__all__ = ["summary_writer_class", "TensorBoardScalars", "TENSORBOARD_MISSING"]
+
+TENSORBOARD_MISSING = ("tensorboard: not installed (optional extra), so no tb/ curves; metrics.csv and metrics.jsonl "
+                       "hold every number. Add it with: pip install 'inttrain[tensorboard]'")
 
 # Metric columns that are coordinates or labels, not curves.
 _NOT_SCALARS = ("kind", "step", "epoch")

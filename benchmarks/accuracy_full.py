@@ -1,0 +1,608 @@
+"""Full-budget accuracy of every recipe against fp32 (issue 16): ResNet-20, 30 epochs, paired seeds, resumable.
+
+    # what is pending / running / done
+    python benchmarks/accuracy_full.py --data ../shared/data/cifar10_train20k.npz --list
+    # one worker per core: each claims the next pending job (a lock per job), trains it, appends its row, repeats
+    for i in 1 2; do taskset -c $((i-1)) python benchmarks/accuracy_full.py --data ../shared/data/cifar10_train20k.npz & done
+    # exactly one job
+    python benchmarks/accuracy_full.py --data ../shared/data/cifar10_train20k.npz --only int8:1
+    # the table and plot from the finished rows (no training)
+    python benchmarks/accuracy_full.py --report
+
+Every job is one (variant, seed) pair, trained in its own run folder ``OUT/runs/VARIANT-sSEED`` with the CLI's
+own machinery (``inttrain.cli.run.prepare_run`` + ``run_training``: recipe, dataflow, precision schedule,
+BitOPs counter, ``RunFolder`` metrics and atomic checkpoints after every epoch).  A job that was killed resumes
+from its ``checkpoints/last`` when it is claimed again, bit-identically (``train(..., resume_from=...)``); a
+SIGTERM/SIGINT saves ``last`` first.  A finished job appends one JSON line to ``OUT/results.jsonl``; ``--report``
+turns the rows into ``OUT/accuracy_full.md``, ``accuracy_full.png`` and ``accuracy_full.json``.
+
+Pairing: seed s gives every variant the same initial weights (``torch.manual_seed(s)`` before the model is
+built, before any recipe converts it), the same data order and the same crop-flip draws (both pure functions
+of s and the step).  The 16k / 4k train / validation split is drawn once with ``--split-seed`` (0), the same
+for every job.
+
+Training settings (the issue's): SGD momentum 0.9 nesterov (wageubn: its WageubnSGD, no nesterov), weight
+decay 5e-4 on every parameter, OneCycle (max lr ``--lr``), batch 128, crop-flip, 30 epochs.  They reach ``inttrain.trainer.train`` as its ``weight_decay``, ``momentum``,
+``nesterov``, ``lr_schedule``, ``warmup_epochs`` keywords; a trainer without them trains with the plain
+defaults and the job row names the knobs it did not get (``knobs_missing``), so such rows are never mixed up
+with full-budget ones in the report (it groups by the settings).
+
+Variants: ``fp32``, ``bf16``, ``int8``, ``int8-dataflow`` (int8 activations between layers), ``unified-int8``,
+``sbm``, ``wageubn``, ``dorefa-8`` (k = 8; convolutions run k = 7, the largest DoReFa code the integer conv
+takes, with the library's warning), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
+cycles, gradients 8 bits) and ``integer-only`` (its own engine, ``inttrain.recipes.integer_only``: a model
+``convert`` cannot take is recorded as ``skipped`` with the converter's reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))  # accuracy.py's split helper
+try:
+    import inttrain  # noqa: F401
+except ImportError:  # a checkout without `pip install -e .`
+    sys.path.insert(0, str(BENCH.parent / "src"))
+
+import torch  # noqa: E402
+
+# variant -> (RunConfig fields, seeds): 3 seeds where the issue wants the tightest comparison, 2 elsewhere.
+VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
+    "fp32": ({"recipe": "fp32"}, 3),
+    "bf16": ({"recipe": "bf16"}, 2),
+    "int8": ({"recipe": "int8"}, 3),
+    "int8-dataflow": ({"recipe": "int8", "dataflow": True}, 3),
+    "unified-int8": ({"recipe": "unified-int8"}, 2),
+    "sbm": ({"recipe": "sbm"}, 2),
+    # WageubnSGD (the recipe's quantized update) has momentum but no nesterov variant.
+    "wageubn": ({"recipe": "wageubn", "nesterov": False}, 2),
+    "dorefa-8": ({"recipe": "dorefa", "bits": 8}, 2),
+    "cpt-3-8": ({"recipe": "int8", "schedule": "cpt", "schedule_min_bits": 3, "schedule_max_bits": 8,
+                 "schedule_cycles": 32, "schedule_grad_bits": 8}, 2),
+    "integer-only": ({"recipe": "integer-only"}, 2),
+}
+#: Issue 16's "done means": variant -> (reference variant, largest allowed paired mean deficit in points, largest
+#: training BitOPs as a fraction of int8's or None).
+TARGETS: dict[str, tuple[str, float, float | None]] = {
+    "int8": ("fp32", 0.2, None), "int8-dataflow": ("fp32", 0.2, None),
+    **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "dorefa-8")},
+    "cpt-3-8": ("int8", 0.3, 0.6), "integer-only": ("fp32", 3.0, None),
+}
+#: The trainer's optimisation knobs this benchmark sets (issue 16's settings); see the module docstring.
+KNOB_NAMES = ("weight_decay", "momentum", "nesterov", "lr_schedule", "warmup_epochs")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", help="cifar10_train20k.npz (x uint8 NHWC, y); required unless --report.")
+    p.add_argument("--model", default="resnet20")
+    p.add_argument("--val-size", type=int, default=4000)
+    p.add_argument("--train-size", type=int, default=16000, help="First N of the rest (smoke runs: fewer).")
+    p.add_argument("--split-seed", type=int, default=0, help="Seed of the train/val split (same for all jobs).")
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=0.1, help="Peak lr of OneCycle. [0.1]")
+    p.add_argument("--lr-schedule", default="onecycle")
+    p.add_argument("--warmup-epochs", type=float, default=0.0)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--no-nesterov", dest="nesterov", action="store_false")
+    p.add_argument("--augment", default="crop-flip")
+    p.add_argument("--probe-every", type=int, help="Also run the numerics probe every N steps (RUN/probe.csv).")
+    p.add_argument("--seeds", type=int, help="Seeds per variant for all variants (default: 3 or 2, see VARIANTS).")
+    p.add_argument("--retry-skipped", action="store_true", help="Treat recorded 'skipped' jobs as pending.")
+    add_job_args(p, "benchmarks/results/accuracy_full", list(VARIANTS))
+    args = p.parse_args(argv)
+    if not (args.data or args.report):
+        p.error("--data is required (e.g. ../shared/data/cifar10_train20k.npz); --report alone does not need it")
+    return finish_job_args(p, args, list(VARIANTS), headline="final_val_accuracy")
+
+
+def add_job_args(p: argparse.ArgumentParser, out: str, variants: list[str]) -> None:
+    """The job-running options both benchmarks share."""
+    p.add_argument("--out", default=out, help="Results folder. [%(default)s]")
+    p.add_argument("--runs", help="Run folders (checkpoints; not committed). [OUT/runs]")
+    p.add_argument("--threads", type=int, default=1, help="Torch threads per job (one job per core). [1]")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="torch.compile the step (auto: as `inttrain train` decides). [auto]")
+    p.add_argument("--variants", default=",".join(variants), help="Comma-separated subset. [all]")
+    p.add_argument("--only", help="VARIANT:SEED: run this job only (resuming it if it has a checkpoint).")
+    p.add_argument("--max-jobs", type=int, help="Stop after this many jobs (default: until none is pending).")
+    p.add_argument("--list", action="store_true", help="List jobs and their state, run nothing.")
+    p.add_argument("--report", action="store_true", help="Write the report from OUT/results.jsonl, run nothing.")
+
+
+def finish_job_args(p: argparse.ArgumentParser, args: argparse.Namespace, variants: list[str],
+                    headline: str) -> argparse.Namespace:
+    """Check and convert the shared options; ``headline``: the row field --list shows of a finished job."""
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in args.variants if v not in variants]
+    if bad or not args.variants:
+        p.error(f"--variants: {', '.join(bad) or 'none given'}: allowed {', '.join(variants)}")
+    if args.only is not None:
+        name, _, seed = args.only.partition(":")
+        if name not in variants or not seed.isdigit():
+            p.error(f"--only {args.only!r}: expected VARIANT:SEED with VARIANT in {', '.join(variants)}")
+        args.only = (name, int(seed))
+    args.out = Path(args.out)
+    args.runs = Path(args.runs) if args.runs else args.out / "runs"
+    args.retry_skipped = getattr(args, "retry_skipped", False)
+    args.headline = headline
+    return args
+
+
+# ----------------------------------------------------------------------------------------------- jobs
+
+
+def job_name(variant: str, seed: int) -> str:
+    return f"{variant}-s{seed}"
+
+
+def all_jobs(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """Seed-major order: every variant's seed 0 first, so paired comparisons appear as early as possible."""
+    seeds = {v: args.seeds or VARIANTS[v][1] for v in args.variants}
+    return [(v, s) for s in range(max(seeds.values())) for v in args.variants if s < seeds[v]]
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What must be equal for two rows to be comparable (the report groups by it)."""
+    return {"model": args.model, "data": Path(args.data).name if args.data else None, "train_size": args.train_size,
+            "val_size": args.val_size, "split_seed": args.split_seed, "epochs": args.epochs,
+            "batch_size": args.batch_size, "lr": args.lr, "augment": args.augment,
+            **{k: getattr(args, k) for k in KNOB_NAMES}}
+
+
+def read_rows(out: Path) -> list[dict[str, Any]]:
+    """Rows of OUT/results.jsonl (a line cut short by a kill is ignored)."""
+    path = out / "results.jsonl"
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and "variant" in row and "seed" in row:
+                rows.append(row)
+    return rows
+
+
+def append_row(out: Path, row: dict[str, Any]) -> None:
+    """One line, one write, under an exclusive lock: concurrent workers never interleave their rows."""
+    out.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(_clean(row)) + "\n"
+    with open(out / "results.jsonl", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def done_jobs(args: argparse.Namespace, want: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Jobs with a row at settings ``want`` (the latest row wins); skipped ones only without --retry-skipped."""
+    done = {}
+    for row in read_rows(args.out):
+        if row.get("settings") == want and (row.get("status") == "done" or not args.retry_skipped):
+            done[(row["variant"], row["seed"])] = row
+    return done
+
+
+@contextmanager
+def claim(args: argparse.Namespace, job: tuple[str, int]) -> Iterator[bool]:
+    """An exclusive, non-blocking lock on the job; the kernel drops it when the process dies (kill -9 too)."""
+    locks = args.runs / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{job_name(*job)}.lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def job_state(args: argparse.Namespace, job: tuple[str, int], done: dict) -> str:
+    if job in done:
+        row = done[job]
+        return (f"done: {args.headline} {row[args.headline]:.4f}" if row.get("status") == "done"
+                else f"skipped: {row.get('reason', '')}")
+    with claim(args, job) as free:
+        running = not free
+    folder = args.runs / job_name(*job)
+    epochs = [r for r in _metrics(folder) if r.get("kind") == "epoch"]
+    where = f"{len(epochs)}/{args.epochs} epochs" if epochs else "not started"
+    return ("running, " if running else "pending, ") + where
+
+
+def _metrics(folder: Path) -> list[dict[str, Any]]:
+    from inttrain.trainer.run_folder import read_metrics
+
+    return read_metrics(folder)
+
+
+# ----------------------------------------------------------------------------------------------- running
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def trainer_knobs(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(RunConfig fields, extra ``train()`` keywords, knobs neither takes) for the knob ``values``.
+
+    A knob goes through the run config when ``RunConfig`` has it (then ``run_training`` passes it on), else
+    straight to ``train()`` when its signature has it; a trainer with neither trains without it.
+    """
+    import inspect
+
+    from inttrain.cli.config import FIELD_NAMES
+    from inttrain.trainer import train
+
+    accepted = inspect.signature(train).parameters
+    via_cfg, via_train, missing = {}, {}, []
+    for k, v in values.items():
+        if k in FIELD_NAMES:
+            via_cfg[k] = v
+        elif k in accepted:
+            via_train[k] = v
+        else:
+            missing.append(k)
+    return via_cfg, via_train, missing
+
+
+def run_config(args: argparse.Namespace, variant: str, seed: int, knob_fields: dict[str, Any]) -> Any:
+    from inttrain.cli.config import RunConfig
+    from inttrain.trainer import FLOAT_RECIPES
+
+    fields, _ = VARIANTS[variant]
+    probe = None if fields["recipe"] in FLOAT_RECIPES else args.probe_every  # float layers have nothing to probe
+    return RunConfig(model=args.model, dataset="cifar10", data_dir=str(args.data), epochs=args.epochs,
+                     batch_size=args.batch_size, lr=args.lr, optimizer="sgd", seed=seed, threads=args.threads,
+                     augment=args.augment, val_fraction=None, log_every=25,
+                     compile={"auto": None, "on": True, "off": False}[args.compile], probe_every=probe,
+                     **{**knob_fields, **fields})  # a variant's own setting wins
+
+
+def load_splits(args: argparse.Namespace) -> Any:
+    from accuracy import load_splits as split  # one split rule for both accuracy benchmarks
+
+    return split("cifar10", args.data, args.train_size, args.val_size, args.split_seed)
+
+
+def integer_only_reason(args: argparse.Namespace, splits: Any) -> str:
+    """Why the integer-only engine cannot train this model (``""``: it can)."""
+    from inttrain.models import build_model
+    from inttrain.recipes.integer_only import convert
+
+    model = build_model(args.model, splits.num_classes, splits.in_channels, splits.image_size)
+    try:
+        convert(model, input_shape=[splits.in_channels, splits.image_size, splits.image_size])
+    except (TypeError, ValueError) as e:
+        return f"inttrain.recipes.integer_only.convert cannot take {args.model}: {e}"
+    return ""
+
+
+def run_job(args: argparse.Namespace, variant: str, seed: int, splits: Any) -> int:
+    """Train (or resume) one job in its run folder; append its row when it finishes. Returns an exit code."""
+    name = job_name(variant, seed)
+    base = {"variant": variant, "seed": seed, "settings": settings(args)}
+    if variant == "integer-only":
+        reason = integer_only_reason(args, splits) or (
+            f"{args.model} converts, but this benchmark has no integer-only training loop yet")
+        append_row(args.out, {**base, "status": "skipped", "reason": reason})
+        print(f"== {name}: skipped: {reason}", flush=True)
+        return 0
+    knob_fields, knob_args, missing = trainer_knobs({k: getattr(args, k) for k in KNOB_NAMES})
+    cfg = run_config(args, variant, seed, knob_fields)
+    folder_path = args.runs / name
+    code, resumed, started = train_in_folder(folder_path, cfg, splits, knob_args, name)
+    if code != 0:
+        return code  # stopped by a signal: `last` is saved, the job stays pending
+    summary = json.loads((folder_path / "summary.json").read_text())
+    epochs = [r for r in _metrics(folder_path) if r["kind"] == "epoch"]
+    append_row(args.out, {
+        **base, "status": "done", "recipe": cfg.recipe, "config": dataclasses.asdict(cfg),
+        "knobs_missing": missing,
+        "final_val_accuracy": summary["val_accuracy"], "best_val_accuracy": summary["best_val_accuracy"],
+        "final_val_loss": summary["val_loss"], "final_train_loss": epochs[-1]["loss"] if epochs else None,
+        "val_accuracies": [r["val_accuracy"] for r in epochs], "val_losses": [r["val_loss"] for r in epochs],
+        "train_losses": [r["loss"] for r in epochs],
+        "gbitops": epochs[-1].get("gbitops") if epochs else None,  # training BitOPs / 1e9 (integer recipes)
+        "steps": summary["steps"], "skipped_steps": summary["skipped_steps"],
+        "seconds_per_epoch": summary["seconds_per_epoch"], "time_per_step": summary["time_per_step"],
+        "seconds_last_leg": round(time.time() - started, 1), "resumed": resumed,
+        "cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })
+    return 0
+
+
+def train_in_folder(folder_path: Path, cfg: Any, splits: Any, train_args: dict[str, Any], name: str) -> tuple[int, bool, float]:
+    """Train ``cfg`` on ``splits`` in run folder ``folder_path``, resuming from its ``checkpoints/last``.
+
+    Returns (exit code of ``run_training``: 0 finished, 128+signal stopped; whether it resumed; start time).
+    """
+    import typer
+
+    from inttrain.cli import run as clirun
+    from inttrain.trainer import load_checkpoint
+    from inttrain.trainer.run_folder import RunFolder
+
+    w_path, s_path = folder_path / "checkpoints" / "last.safetensors", folder_path / "checkpoints" / "last.state.pt"
+    resume = None
+    if s_path.is_file():
+        resume = load_checkpoint(w_path, s_path)
+        volatile = ("threads", "probe_every")  # change speed or logging, not the trained numbers
+        saved = {k: v for k, v in resume[1]["config"].items() if k not in volatile}
+        mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in volatile}
+        if saved != mine:
+            diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+            raise SystemExit(f"error: {folder_path} was trained with other settings ({', '.join(diff)}); "
+                             "use the same flags, or remove the folder to start the job over")
+    elif folder_path.exists():
+        shutil.rmtree(folder_path)  # killed before its first checkpoint: nothing to keep
+    started = time.time()
+    echo = lambda line: typer.echo(f"[{name}] {line}")  # noqa: E731 - workers share a terminal
+    p = clirun.prepare_run(cfg, echo=echo, splits=splits)
+    folder = RunFolder(folder_path, dataclasses.asdict(cfg), cfg.log_every, echo=echo)
+    if resume is None:
+        folder.create()
+    else:
+        ts = resume[1]["train_state"]
+        folder.truncate_after(int(ts["step"]), int(ts["epoch"]))
+        folder.log(f"resuming at step {ts['step']} (epoch {ts['epoch'] + 1}, batch {ts['position']})")
+    code = clirun.run_training(p, folder, resume_from=resume, train_args=train_args)
+    return code, resume is not None, started
+
+
+def work(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict[str, Any],
+         run: Callable[[tuple[str, int]], int]) -> int:
+    """Claim and ``run`` each pending job in turn (``args``: out, runs, only, max_jobs, retry_skipped)."""
+    ran = 0
+    for job in jobs:
+        if args.max_jobs is not None and ran >= args.max_jobs:
+            break
+        if job in done_jobs(args, want):  # re-read: another worker may have finished it meanwhile
+            if args.only:
+                print(f"{job_name(*job)}: already done at these settings (see {args.out / 'results.jsonl'})")
+            continue
+        with claim(args, job) as mine:
+            if not mine:
+                if args.only:
+                    print(f"{job_name(*job)}: another process is running it", file=sys.stderr)
+                    return 1
+                continue
+            if job in done_jobs(args, want):
+                continue
+            code = run(job)
+            ran += 1
+            if code != 0:
+                return code
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+
+def _mean(xs: list[float]) -> float:
+    return statistics.mean(xs) if xs else math.nan
+
+
+def _sd(xs: list[float]) -> float:
+    return statistics.stdev(xs) if len(xs) > 1 else math.nan
+
+
+def summarize(rows: list[dict[str, Any]], variants: list[str]) -> list[dict[str, Any]]:
+    """Per variant: accuracies by seed, mean, sample std, paired gaps to fp32 (points) and BitOPs vs int8."""
+    by = {(r["variant"], r["seed"]): r for r in rows}
+    fp32 = {s: r["final_val_accuracy"] for (v, s), r in by.items() if v == "fp32" and r.get("status") == "done"}
+    int8_bitops = _mean([r["gbitops"] for (v, _), r in by.items() if v == "int8" and r.get("gbitops")])
+    out = []
+    for v in variants:
+        mine = sorted((r for (vv, _), r in by.items() if vv == v), key=lambda r: r["seed"])
+        done = [r for r in mine if r.get("status") == "done"]
+        accs = {r["seed"]: r["final_val_accuracy"] for r in done}
+        gaps = {s: 100 * (a - fp32[s]) for s, a in accs.items() if s in fp32 and v != "fp32"}
+        gbitops = _mean([r["gbitops"] for r in done if r.get("gbitops")])
+        out.append({
+            "variant": v, "seeds": sorted(accs), "accuracies": accs,
+            "mean": _mean(list(accs.values())), "std": _sd(list(accs.values())),
+            "best_mean": _mean([r["best_val_accuracy"] for r in done]),
+            "train_loss_mean": _mean([r["final_train_loss"] for r in done if r.get("final_train_loss") is not None]),
+            "gaps": gaps, "gap_mean": _mean(list(gaps.values())), "gbitops": gbitops,
+            "bitops_vs_int8": gbitops / int8_bitops if math.isfinite(gbitops) and int8_bitops else math.nan,
+            "seconds_per_epoch": _mean([r["seconds_per_epoch"] for r in done if r.get("seconds_per_epoch")]),
+            "skipped": next((r["reason"] for r in mine if r.get("status") == "skipped"), ""),
+            "curves": [r["val_accuracies"] for r in done],
+        })
+    for row in out:
+        row["target"], row["target_met"] = judge(row, {r["variant"]: r for r in out})
+    return out
+
+
+def judge(row: dict[str, Any], by_variant: dict[str, dict[str, Any]]) -> tuple[str, bool | None]:
+    """(the issue's target for ``row``'s variant, met?: None while a side has no paired seed)."""
+    if row["variant"] not in TARGETS:
+        return "", None
+    ref, points, bitops = TARGETS[row["variant"]]
+    text = f"gap to {ref} >= -{points}" + (f", BitOPs <= {bitops} x int8" if bitops is not None else "")
+    other = by_variant.get(ref, {}).get("accuracies", {})
+    gaps = [100 * (a - other[s]) for s, a in row["accuracies"].items() if s in other]
+    if not gaps:
+        return text, None
+    met = statistics.mean(gaps) >= -points
+    if bitops is not None:
+        met = met and math.isfinite(row["bitops_vs_int8"]) and row["bitops_vs_int8"] <= bitops
+    return text + f" (paired mean {statistics.mean(gaps):+.2f})", met
+
+
+def _f(v: float, fmt: str, dash: str = "-") -> str:
+    return dash if v is None or not math.isfinite(v) else format(v, fmt)
+
+
+def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st: dict[str, Any]) -> str:
+    head = ("variant", "seeds", "val acc (mean ± sd)", "per seed", "paired gap to fp32 (mean)", "per seed gap",
+            "best (mean)", "final train loss", "training GBitOPs", "vs int8", "s/epoch", "issue target")
+    lines = [f"# Full-budget accuracy: {st['model']} on {st['data']}", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summary:
+        if not s["seeds"]:
+            lines.append(f"| {s['variant']} | - | " + (f"skipped: {s['skipped']}" if s["skipped"] else "pending")
+                         + " |" * (len(head) - 2))
+            continue
+        per = " / ".join(f"{100 * s['accuracies'][k]:.2f}" for k in s["seeds"])
+        gaps = " / ".join(f"{s['gaps'][k]:+.2f}" for k in s["seeds"] if k in s["gaps"]) or "-"
+        lines.append(
+            f"| {s['variant']} | {len(s['seeds'])} | {100 * s['mean']:.2f} ± {_f(100 * s['std'], '.2f')} | {per} | "
+            f"{_f(s['gap_mean'], '+.2f')} | {gaps} | {_f(100 * s['best_mean'], '.2f')} | "
+            f"{_f(s['train_loss_mean'], '.3f')} | {_f(s['gbitops'], ',.0f')} | {_f(s['bitops_vs_int8'], '.2f')} | "
+            f"{_f(s['seconds_per_epoch'], '.0f')} | "
+            + ("" if not s["target"] else f"{ {True: 'met', False: 'missed', None: 'pending'}[s['target_met']]}: {s['target']}")
+            + " |")
+    done = [r for r in rows if r.get("status") == "done"]
+    cpus = sorted({r.get("cpu", "?") for r in done})
+    missing = sorted({k for r in done for k in r.get("knobs_missing", [])})
+    budget = (f"{st['train_size']} train / {st['val_size']} held-out val images (split seed {st['split_seed']}), "
+              f"{st['epochs']} epochs, batch {st['batch_size']}, SGD momentum {st['momentum']}"
+              f"{' nesterov' if st['nesterov'] else ''}, weight decay {st['weight_decay']}, lr schedule "
+              f"{st['lr_schedule']} (peak lr {st['lr']}, warm-up {st['warmup_epochs']} epochs), augment {st['augment']}.")
+    lines += [
+        "", f"Budget: {budget}",
+        "Accuracy: final-epoch top-1 on the held-out split; ± is the sample standard deviation over seeds. "
+        "Gap: variant - fp32 at the same seed (same initial weights, data order and augmentation), in points.",
+        "Training GBitOPs: MACs x operand bits x operand bits / 1e9 of every forward, input-gradient and "
+        "weight-gradient GEMM of the integer layers over the whole run (inttrain.cost.BitOpsCounter; float GEMMs "
+        "count 32 x 32); `vs int8`: over the int8 mean.",
+        f"CPU: {', '.join(cpus) or '-'}; {done[0].get('threads', '?') if done else '?'} thread(s) per job, "
+        f"torch {done[0].get('torch', '?') if done else '?'}; s/epoch: training steps only, mean over epochs "
+        "(jobs ran side by side, one per core).",
+        "Weight decay applies to every parameter (the trainer's SGD); wageubn trains with its own quantized SGD "
+        "(WageubnSGD: momentum, no nesterov).",
+        "dorefa-8: k = 8 for Linear layers, 7 for convolutions (the integer convolutions' limit); first and last "
+        "layer float (the paper's setting). cpt-3-8: int8 recipe, CPT forward bits 3..8 over 32 cycles, "
+        "gradients 8 bits.",
+    ]
+    if missing:
+        lines.append(f"**The trainer these rows ran on lacked {', '.join(missing)}: not the issue's settings.**")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    shown = [s for s in summary if s["seeds"]]
+    for i, s in enumerate(shown):
+        accs = [100 * s["accuracies"][k] for k in s["seeds"]]
+        ax1.bar(i, 100 * s["mean"], color="C0" if s["variant"] != "fp32" else "C1", alpha=0.6)
+        ax1.plot([i] * len(accs), accs, "k.", ms=6)
+    ax1.set_xticks(range(len(shown)), [s["variant"] for s in shown], rotation=40, ha="right", fontsize=8)
+    lo = min((100 * min(s["accuracies"].values()) for s in shown), default=0.0)
+    ax1.set_ylim(max(0.0, lo - 5), None)
+    ax1.set(ylabel="final val accuracy (%)", title="mean (bar) and seeds (dots)")
+    ax1.grid(axis="y", alpha=0.3)
+    for s in shown:
+        n = min(len(c) for c in s["curves"])
+        mean = [100 * statistics.mean(c[e] for c in s["curves"]) for e in range(n)]
+        ax2.plot(range(1, n + 1), mean, label=s["variant"], lw=1.2)
+    ax2.set(xlabel="epoch", ylabel="val accuracy (%, seed mean)", title="learning curves")
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def report(args: argparse.Namespace) -> str:
+    """accuracy_full.md/.png/.json from the rows at the newest settings in results.jsonl."""
+    rows = read_rows(args.out)
+    if not rows:
+        raise SystemExit(f"error: {args.out / 'results.jsonl'}: no finished jobs yet")
+    st = rows[-1]["settings"]  # the settings of the latest row; older settings are other experiments
+    latest = {}
+    for r in rows:
+        if r["settings"] == st:
+            latest[(r["variant"], r["seed"])] = r
+    rows = list(latest.values())
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
+    summary = summarize(rows, variants)
+    text = format_report(summary, rows, st)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "accuracy_full.md").write_text(text)
+    plot(summary, args.out / "accuracy_full.png", f"{st['model']}, {st['epochs']} epochs, {st['train_size']} train")
+    (args.out / "accuracy_full.json").write_text(json.dumps(_clean({"settings": st, "summary": summary}), indent=1) + "\n")
+    return text
+
+
+def dispatch(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict[str, Any], load: Callable[[], Any],
+             run: Callable[[tuple[str, int], Any], int], write_report: Callable[[argparse.Namespace], str]) -> int:
+    """--report, --list, or work through ``jobs``: ``run(job, load())``, ``load`` called once, only if a job is left."""
+    if args.report:
+        print(write_report(args), end="")
+        return 0
+    if args.list:
+        list_jobs(args, jobs, want)
+        return 0
+    loaded: list[Any] = []
+
+    def run_one(job: tuple[str, int]) -> int:
+        if not loaded:
+            torch.set_num_threads(args.threads)
+            loaded.append(load())
+        return run(job, loaded[0])
+
+    return work(args, jobs, want, run_one)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    jobs = [args.only] if args.only else all_jobs(args)
+    return dispatch(args, jobs, settings(args), lambda: load_splits(args),
+                    lambda job, splits: run_job(args, *job, splits), report)
+
+
+def list_jobs(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict[str, Any]) -> None:
+    done = done_jobs(args, want)
+    for job in jobs:
+        print(f"{job_name(*job):22s} {job_state(args, job, done)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Native int8 kernels where the library GEMMs leave speed on the table (see ``conv.c``).
+
+The C source is compiled on first use with the machine's C compiler (plain C, no torch headers:
+about a second) into a shared library that :class:`NativeLibrary` owns, and called through
+``ctypes`` on tensors' data pointers.  ``make setup`` builds it up front.  Where it cannot run
+(no compiler, no AVX512-VNNI, not CPU, a build error) :func:`available` is False and callers keep
+their torch path; the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..workspace import scratch
+
+__all__ = ["NativeLibrary", "LIBRARY", "available", "conv2d_weight_grad_int"]
+
+_LOG = logging.getLogger(__name__)
+_SOURCE = Path(__file__).with_name("conv.c")
+_FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-std=c11")
+
+
+def _cache_dirs() -> list[Path]:
+    """Where the built library may live: beside the source (an editable install), else the user's cache."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return [_SOURCE.parent / "_build", Path(xdg) / "inttrain"]
+
+
+class NativeLibrary:
+    """One C source compiled once per (source, flags, compiler) and loaded once; owns its build file.
+
+    ``load()`` returns the ``ctypes.CDLL`` or None (with ``reason`` set).  Thread-safe; the build writes
+    to a temporary file and renames it, so concurrent processes never load a half-written library.
+    """
+
+    def __init__(self, source: Path, flags: tuple[str, ...] = _FLAGS, compiler: str | None = None) -> None:
+        self.source, self.flags = source, flags
+        self.compiler = compiler or os.environ.get("CC", "cc")
+        self.reason: str | None = None
+        self._lib: ctypes.CDLL | None = None
+        self._tried = False
+        self._lock = threading.Lock()
+
+    def _name(self) -> str:
+        digest = hashlib.sha256(self.source.read_bytes() + " ".join((self.compiler, *self.flags)).encode())
+        return f"lib{self.source.stem}-{digest.hexdigest()[:16]}.so"
+
+    def build(self) -> Path:
+        """Compile (if not built yet) and return the library's path; raises RuntimeError on failure."""
+        name, errors = self._name(), []
+        for folder in _cache_dirs():
+            path = folder / name
+            if path.exists():
+                return path
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+                os.close(fd)
+            except OSError as exc:
+                errors.append(f"{folder}: {exc.strerror}")
+                continue
+            try:
+                cmd = [self.compiler, *self.flags, str(self.source), "-o", tmp]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[:500]}")
+                os.replace(tmp, path)
+                for stale in folder.glob(f"lib{self.source.stem}-*.so"):  # earlier sources' builds
+                    if stale != path:
+                        stale.unlink(missing_ok=True)
+                return path
+            except FileNotFoundError as exc:
+                raise RuntimeError(f"no C compiler ({self.compiler}): {exc}") from None
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        raise RuntimeError("no writable folder for the native kernels: " + "; ".join(errors))
+
+    def load(self) -> ctypes.CDLL | None:
+        with self._lock:
+            if not self._tried:
+                self._tried = True
+                try:
+                    lib = ctypes.CDLL(str(self.build()))
+                    lib.inttrain_has_vnni.restype = ctypes.c_int
+                    if not lib.inttrain_has_vnni():
+                        raise RuntimeError("this CPU has no AVX512-VNNI")
+                    lib.inttrain_wgrad_u8s8.restype = ctypes.c_int
+                    lib.inttrain_wgrad_u8s8.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64]
+                    self._lib = lib
+                except (RuntimeError, OSError) as exc:
+                    self.reason = str(exc)
+                    _LOG.info("native int8 kernels unavailable (%s): using the torch kernels", exc)
+            return self._lib
+
+
+LIBRARY = NativeLibrary(_SOURCE)
+
+
+def available() -> bool:
+    """Whether the native weight-gradient kernel runs on this machine (builds it on first call)."""
+    return LIBRARY.load() is not None
+
+
+def _int64_array(values: list[int]) -> ctypes.Array:
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def conv2d_weight_grad_int(
+    gq: Tensor, xu8: Tensor, weight_shape: tuple, stride: tuple[int, int], padding: tuple[int, int],
+    dilation: tuple[int, int], threads: int | None = None,
+) -> Tensor:
+    """Exact int64 ``sum_{n,oh,ow} gq * q`` as ``[Co, Ci, KH, KW]`` for an ungrouped convolution.
+
+    ``gq``: int8 gradient codes [N, Co, Ho, Wo]; ``xu8``: the forward input's codes [N, Ci, H, W],
+    either shifted (uint8 q + 128, what the forward convolution consumed) or int8 q; any strides
+    (channels-last is the fast layout).  Call only when :func:`available`.
+    """
+    lib = LIBRARY.load()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {LIBRARY.reason}")
+    if gq.dtype != torch.int8 or xu8.dtype not in (torch.uint8, torch.int8) or {gq.device.type, xu8.device.type} != {"cpu"}:
+        raise TypeError(f"expected CPU int8 gradient and uint8/int8 input codes, got {gq.dtype} and {xu8.dtype}")
+    co, ci, kh, kw = (int(v) for v in weight_shape)
+    n, _, h, w = (int(v) for v in xu8.shape)
+    ho, wo = int(gq.shape[2]), int(gq.shape[3])
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    cot, wo4 = -(-co // 16), -(-wo // 4)
+    # Each phase row holds the padded columns of its phase and the 4-pixel groups' overreach.
+    width = max(-(-(w + 2 * pw) // sw), (dw * (kw - 1)) // sw + 4 * wo4)
+    gp = scratch((n * cot * ho * wo4 * 64,), torch.int8, gq.device)
+    xph = scratch((n * ci * (h + 2 * ph) * sw * width,), torch.uint8, gq.device)
+    out = torch.empty((co, ci * kh * kw), dtype=torch.int64)
+    dims = _int64_array([n, co, ci, kh, kw, h, w, ho, wo, ph, pw, sh, sw, dh, dw, width, int(xu8.dtype == torch.int8)])
+    status = lib.inttrain_wgrad_u8s8(
+        gq.data_ptr(), _int64_array(list(gq.stride())), xu8.data_ptr(), _int64_array(list(xu8.stride())), dims,
+        gp.data_ptr(), xph.data_ptr(), out.data_ptr(), threads or torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"native weight gradient failed (status {status})")
+    return out.view(co, ci, kh, kw)

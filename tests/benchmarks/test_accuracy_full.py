@@ -1,0 +1,76 @@
+"""benchmarks/accuracy_full.py: job list and pairing, report numbers, and one tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = "accuracy_full"  # conftest.py's `bench` fixture loads benchmarks/accuracy_full.py
+
+
+def test_jobs_seed_major_with_three_seeds_for_the_tight_variants(bench) -> None:
+    args = bench.parse_args(["--data", "x.npz"])
+    jobs = bench.all_jobs(args)
+    assert len(jobs) == 3 * 3 + 7 * 2  # fp32, int8, int8-dataflow: 3 seeds; the 7 others: 2
+    assert jobs[:10] == [(v, 0) for v in bench.VARIANTS]
+    assert jobs[-3:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2)]
+
+
+def _row(variant: str, seed: int, acc: float, gbitops: float | None = None) -> dict:
+    return {"variant": variant, "seed": seed, "status": "done", "final_val_accuracy": acc, "best_val_accuracy": acc,
+            "final_train_loss": 0.5, "gbitops": gbitops, "seconds_per_epoch": 10.0, "val_accuracies": [acc / 2, acc]}
+
+
+def test_summary_pairs_gaps_by_seed(bench) -> None:
+    rows = [_row("fp32", 0, 0.80), _row("fp32", 1, 0.82), _row("int8", 0, 0.79, 100.0), _row("int8", 1, 0.80, 100.0),
+            _row("cpt-3-8", 1, 0.78, 40.0),
+            {"variant": "integer-only", "seed": 0, "status": "skipped", "reason": "no converter"}]
+    s = {r["variant"]: r for r in bench.summarize(rows, ["fp32", "int8", "cpt-3-8", "integer-only"])}
+    assert s["int8"]["gaps"] == {0: pytest.approx(-1.0), 1: pytest.approx(-2.0)}
+    assert s["int8"]["gap_mean"] == pytest.approx(-1.5)
+    assert s["int8"]["mean"] == pytest.approx(0.795) and s["int8"]["std"] == pytest.approx(math.sqrt(0.5) * 0.01)
+    assert s["cpt-3-8"]["gaps"] == {1: pytest.approx(-4.0)}  # paired with fp32 seed 1 only
+    assert s["cpt-3-8"]["bitops_vs_int8"] == pytest.approx(0.4)
+    assert s["fp32"]["gaps"] == {} and math.isnan(s["fp32"]["gap_mean"])
+    assert s["integer-only"]["seeds"] == [] and s["integer-only"]["skipped"] == "no converter"
+    # Issue targets: int8 -1.5 points from fp32 (allowed 0.2); CPT -2 points from int8 at seed 1 (allowed 0.3).
+    assert s["int8"]["target_met"] is False and s["int8"]["target"] == "gap to fp32 >= -0.2 (paired mean -1.50)"
+    assert s["cpt-3-8"]["target"] == "gap to int8 >= -0.3, BitOPs <= 0.6 x int8 (paired mean -2.00)"
+    assert s["cpt-3-8"]["target_met"] is False and s["integer-only"]["target_met"] is None and s["fp32"]["target"] == ""
+    close = {r["variant"]: r for r in bench.summarize([*rows, _row("cpt-3-8", 0, 0.788, 50.0)], ["int8", "cpt-3-8"])}
+    assert close["cpt-3-8"]["target_met"] is False  # paired mean (-0.2 - 2.0) / 2 = -1.1: still missed
+    near = {r["variant"]: r for r in bench.summarize(
+        [*rows[:4], _row("cpt-3-8", 0, 0.788, 50.0), _row("cpt-3-8", 1, 0.798, 50.0)], ["int8", "cpt-3-8"])}
+    assert near["cpt-3-8"]["target_met"] is True  # -0.2 / -0.2 points at 0.5 x int8's BitOPs
+
+
+def test_end_to_end_rows_list_and_report(bench, tmp_path: Path, capsys) -> None:
+    rng = np.random.default_rng(0)
+    data = tmp_path / "tiny.npz"
+    np.savez(data, x=rng.integers(0, 256, (96, 32, 32, 3), dtype=np.uint8), y=rng.integers(0, 10, 96))
+    out = tmp_path / "out"
+    common = ["--data", str(data), "--out", str(out), "--model", "small-cnn", "--train-size", "64", "--val-size", "32",
+              "--batch-size", "32", "--epochs", "1", "--seeds", "1", "--compile", "off", "--variants", "fp32,int8,integer-only"]
+    assert bench.main(common) == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["variant"], r["seed"], r["status"]) for r in rows] == [
+        ("fp32", 0, "done"), ("int8", 0, "done"), ("integer-only", 0, "skipped")]
+    assert all(len(r["val_accuracies"]) == 1 and r["steps"] == 2 for r in rows[:2])
+    assert rows[1]["gbitops"] > 0 and rows[0]["gbitops"] is None  # BitOPs are counted for integer layers only
+    assert (out / "runs" / "int8-s0" / "checkpoints" / "last.state.pt").is_file()
+    # Finished jobs are not run again; --list says so.
+    assert bench.main(common) == 0
+    assert len((out / "results.jsonl").read_text().splitlines()) == 3
+    capsys.readouterr()
+    bench.main([*common, "--list"])
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].split()[:2] == ["fp32-s0", "done:"] and listed[2].split()[:2] == ["integer-only-s0", "skipped:"]
+    bench.main(["--out", str(out), "--report"])
+    md = (out / "accuracy_full.md").read_text()
+    gap = 100 * (rows[1]["final_val_accuracy"] - rows[0]["final_val_accuracy"])
+    assert f"| int8 | 1 | {100 * rows[1]['final_val_accuracy']:.2f} ± - |" in md and f"| {gap:+.2f} |" in md
+    assert (out / "accuracy_full.png").stat().st_size > 0
