@@ -3,20 +3,17 @@ split the batch (more than one width per layer and step), the batch-level one ne
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "dfq_overhead.py"
+SCRIPT = "dfq_overhead"
 
 
-def test_dfq_overhead_benchmark_smoke(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("dfq_overhead_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_dfq_overhead_benchmark_smoke(bench: ModuleType, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert mod.main(["--model", "small-cnn", "--image-size", "8", "--batch-size", "32", "--steps", "3",
-                     "--warmup", "1", "--out", str(out)]) == 0
+    assert bench.main(["--model", "small-cnn", "--image-size", "8", "--batch-size", "32", "--steps", "3",
+                       "--warmup", "1", "--out", str(out)]) == 0
     rows = {r["policy"]: r for r in json.loads((out / "results.json").read_text())}
     assert list(rows) == ["static8", "dfq-batch", "dfq", "dfq-uniform"]
     assert rows["static8"]["ratio_to_static8"] == 1.0 and all(len(r["times_ms"]) == 3 for r in rows.values())
