@@ -16,8 +16,8 @@ out of the file (seeded), the first ``--train-size`` of the rest are trained on.
 
 The report is rewritten after every recipe, so an interrupted run leaves the finished rows behind.
 Recipes with an identical config (``int8`` and its alias ``int8-mixed``) train once and share the row.
-``dorefa`` runs with k = 7 by default: a k-bit DoReFa value is a (k+1)-bit signed GEMM code, and the integer
-convolutions take 8-bit codes at most (``--dorefa-bits``).  ``integer-only`` (NITI-style, its own engine and
+``dorefa`` runs with k = 7 by default: a k-bit DoReFa value is a (k+1)-bit signed GEMM code, and k = 7 keeps
+the convolutions on the int8 kernels (``--dorefa-bits``; wider codes run exactly, split into int8 halves).  ``integer-only`` (NITI-style, its own engine and
 optimizer) is attempted with ``inttrain.recipes.integer_only.convert``; a model it cannot convert is skipped
 with the converter's reason.
 """
@@ -49,7 +49,7 @@ from inttrain.data import DatasetSplits, load_dataset
 from inttrain.kernels import int_kernel_calls, reset_kernel_calls
 from inttrain.models import MODEL_NAMES, build_model
 from inttrain.nn import QConv2d, QLinear
-from inttrain.trainer import FLOAT_RECIPES, apply_recipe, train
+from inttrain.trainer import apply_recipe, train
 
 DEFAULT_RECIPES = (*dict.fromkeys(("fp32", "bf16", *inttrain.recipe_names())), "integer-only")
 
@@ -78,9 +78,14 @@ class RecipeResult:
         return max(self.val_accuracies) if self.val_accuracies else math.nan
 
 
+def is_float(name: str) -> bool:
+    """A float baseline (fp32, bf16): the recipe converts no layer."""
+    return not inttrain.get_config(name).converts_layers()
+
+
 def recipe_config(name: str, dorefa_bits: int) -> Any:
     """What the trainer gets for ``name`` (None: the name itself)."""
-    if name in FLOAT_RECIPES:
+    if is_float(name):
         return None
     if name == "dorefa":
         from inttrain.recipes import DoReFaConfig
@@ -160,7 +165,7 @@ def run_recipe(name: str, args: argparse.Namespace, splits: DatasetSplits, log: 
     torch.manual_seed(args.seed)
     probe = build_model(args.model, splits.num_classes, splits.in_channels, splits.image_size)
     apply_recipe(probe, cfg if cfg is not None else name)
-    res.integer_fraction = 0.0 if name in FLOAT_RECIPES else integer_gemm_fraction(probe, splits.train.tensors[0][:8])
+    res.integer_fraction = 0.0 if is_float(name) else integer_gemm_fraction(probe, splits.train.tensors[0][:8])
     torch.manual_seed(args.seed)
     model = build_model(args.model, splits.num_classes, splits.in_channels, splits.image_size)
     reset_kernel_calls()
@@ -249,7 +254,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.data and not args.report_only:
         p.error("--data is required (a data file such as ../shared/data/cifar10_train20k.npz)")
     args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    allowed = (*dict.fromkeys((*FLOAT_RECIPES, *inttrain.recipe_names())), "integer-only")
+    from inttrain.cli.checks import allowed_recipes
+
+    allowed = (*allowed_recipes(), *inttrain.recipes.OTHER_ENGINES)
     bad = [r for r in args.recipes if r not in allowed]
     if bad or not args.recipes:
         p.error(f"--recipes: {', '.join(bad) or 'none given'}: allowed {', '.join(allowed)}")
@@ -315,7 +322,7 @@ def main(argv: list[str] | None = None) -> list[RecipeResult]:
             res = RecipeResult(name, skipped=integer_only_reason(args.model, splits))
             log(f"== {name}: {res.skipped}")
         else:
-            key = repr(recipe_config(name, args.dorefa_bits)) if name not in FLOAT_RECIPES else name
+            key = repr(recipe_config(name, args.dorefa_bits)) if not is_float(name) else name
             if key in trained:
                 res = RecipeResult(**{**vars(trained[key]), "recipe": name, "same_as": trained[key].recipe})
                 log(f"== {name}: same config as {trained[key].recipe}, not retrained")

@@ -285,10 +285,11 @@ def trainer_knobs(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 def run_config(args: argparse.Namespace, variant: str, seed: int, knob_fields: dict[str, Any]) -> Any:
     from inttrain.cli.config import RunConfig
-    from inttrain.trainer import FLOAT_RECIPES
+    import inttrain
 
     fields, _ = VARIANTS[variant]
-    probe = None if fields["recipe"] in FLOAT_RECIPES else args.probe_every  # float layers have nothing to probe
+    # float layers have nothing to probe
+    probe = args.probe_every if inttrain.get_config(fields["recipe"]).converts_layers() else None
     return RunConfig(model=args.model, dataset="cifar10", data_dir=str(args.data), epochs=args.epochs,
                      batch_size=args.batch_size, lr=args.lr, optimizer="sgd", seed=seed, threads=args.threads,
                      augment=args.augment, val_fraction=None, log_every=25,

@@ -87,6 +87,9 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
     each one raises a :class:`FloatFallbackWarning` naming the layer and why; layers left in float on
     purpose (``filter_fn``, the recipe's own choice) are only logged.  The table of
     :func:`conversion_report` (converted / left in float, per type) is logged on the ``inttrain`` logger.
+    The recipe's own BatchNorm is installed too (``sbm``: Range BN, ``wageubn``: 8-bit BN; see
+    :meth:`inttrain.recipes.RecipeConfig.convert_norms_`); its optimizer and per-step hook come from
+    :meth:`~inttrain.recipes.RecipeConfig.optimizer_for` and :meth:`~inttrain.recipes.RecipeConfig.step_hook`.
     Parameters are not copied: optimizers built before or after ``prepare_`` see the same tensors, and
     ``state_dict()`` keys do not change.  Returns ``model``.
     """
@@ -127,6 +130,7 @@ def prepare_(model: nn.Module, config: RecipeConfig | str = "int8", filter_fn: F
             module.hooks = hooks
     if last_linear is not None:  # the model's head: its logits go to the loss in float
         last_linear.dataflow = False
+    cfg.convert_norms_(model)
     log.info("inttrain: recipe %s\n%s", cfg.name, conversion_report(model).table())
     return model
 
@@ -154,7 +158,15 @@ def conversion_report(model: nn.Module) -> ConversionReport:
 
 
 def restore_(model: nn.Module) -> nn.Module:
-    """Turn every integer layer of ``model`` back into its plain torch class, in place. Returns ``model``."""
+    """Turn every integer layer (and recipe BatchNorm) of ``model`` back into its plain torch class, in place.
+
+    Returns ``model``.
+    """
+    from .nn.quant_bn import QuantBatchNorm2d
+    from .nn.range_bn import RangeBatchNorm2d
+
     for module in model.modules():
         restore_module(module)
+        if type(module) in (RangeBatchNorm2d, QuantBatchNorm2d):  # swapped in place by convert_norms_
+            module.__class__ = nn.BatchNorm2d
     return model

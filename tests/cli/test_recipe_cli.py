@@ -69,9 +69,7 @@ def test_checkpoint_from_before_dclr_resumes_without_it(tmp_path: Path) -> None:
         (["--recipe", "wageubn", "--bits", "12"], "--bits: wageubn bits=12: allowed 2 to 8"),
         (["--recipe", "int8", "--bits", "17"], "--bits: unsupported bit width 17: inttrain supports 2 to 16 bits"),
         (["--recipe", "fp32", "--bits", "8"], "--bits: 8: recipe 'fp32' has no bit width; use an integer recipe such as int8"),
-        # Layer types: integer convolutions take at most 8-bit codes (Linear up to 16).
-        (["--recipe", "int8", "--bits", "12"], "--bits: 'int8': layer 'features.0': integer Conv2d supports 2 to 8 bits, got 12 (Linear layers accept up to 16)"),
-        (["--recipe", "dorefa", "--bits", "16"], "--bits: dorefa w_bits=16: allowed 2 to 15 bits for Linear layers, 2 to 7 for Conv2d"),
+        (["--recipe", "dorefa", "--bits", "16"], "--bits: dorefa w_bits=16: allowed 2 to 15 bits for Linear and Conv2d layers"),
         (["--recipe", "wageubn", "--optimizer", "adam"], "--optimizer: 'adam': recipe 'wageubn' trains with its own quantized SGD; allowed: sgd"),
     ],
 )

@@ -55,4 +55,6 @@ def test_cost_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert "4x4" in capsys.readouterr().out
     assert main(["cost", "--recipe", "fp32"]) == 2
     assert "no integer layers" in capsys.readouterr().err
-    assert main(["cost", "--forward-bits", "12"]) == 2  # QConv2d takes at most 8 bits
+    assert main(["cost", "--forward-bits", "12"]) == 0  # convolutions take 9..16 bits too (int16 split)
+    assert "12x" in capsys.readouterr().out
+    assert main(["cost", "--forward-bits", "17"]) == 2

@@ -1,5 +1,7 @@
 """DoReFa-Net (Zhou et al. 2016): the quantizers equal the paper's equations; integer GEMMs are exact; digits."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -72,11 +74,8 @@ def test_bad_configs_fail_with_the_allowed_range():
         DoReFaConfig(w_bits=16)
     with pytest.raises(UnsupportedFormatError, match="allowed"):
         DoReFaConfig(a_bits=1)
-    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Conv2d(2, 2, 3), nn.Conv2d(2, 2, 3))
-    with pytest.raises(UnsupportedFormatError, match="Conv2d allows 2 to 7"):
-        inttrain.prepare_(conv, DoReFaConfig(w_bits=8, a_bits=8, g_bits=8, conv_bits=None))
-    with pytest.raises(UnsupportedFormatError, match="conv_bits=8: allowed 2 to 7 or None"):
-        DoReFaConfig(conv_bits=8)
+    with pytest.raises(UnsupportedFormatError, match="conv_bits=16: allowed 2 to 15 or None"):
+        DoReFaConfig(conv_bits=16)
     with pytest.raises(ValueError, match="dorefa"):
         from_name("dorefa-net")
 
@@ -117,13 +116,31 @@ def test_conv_forward_is_exact_and_float_gradients_option():
     assert torch.isfinite(conv.weight.grad).all() and torch.isfinite(xr.grad).all()
 
 
-def test_defaults_work_on_convolutions_at_k7_and_say_so():
-    """The recipe's default k = 8 runs Linear layers at 8 and Conv2d layers at the kernels' 7, with a warning."""
-    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Conv2d(4, 4, 3), nn.Flatten(), nn.Linear(16, 8), nn.Linear(8, 8),
-                          nn.Linear(8, 2))
-    with pytest.warns(UserWarning, match=r"Conv2d layers run k = 7/7/7 \(w/a/g\) instead of 8/8/8"):
+def _conv_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.Conv2d(4, 4, 3), nn.Flatten(), nn.Linear(16, 8), nn.Linear(8, 8),
+                         nn.Linear(8, 2))
+
+
+def test_defaults_run_k8_on_convolutions_exactly():
+    """The default k = 8 needs 9-bit codes: convolutions split them into int8 halves, as Linear layers do."""
+    model = _conv_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # nothing is clamped any more
         inttrain.prepare_(model, "dorefa")
-    cfg = DoReFaConfig()
+    assert model[1].precision.forward.rhs.fmt.bits == model[4].precision.forward.rhs.fmt.bits == 9
+    x = torch.rand(4, 4, 6, 6)
+    ref = F.conv2d(dorefa_activation(x, 8), dorefa_weight(model[1].weight.detach(), 8), model[1].bias.detach())
+    reset_kernel_calls()
+    torch.testing.assert_close(model[1](x), ref, rtol=1e-6, atol=1e-6)
+    assert sum(int_kernel_calls().values()) > 0
+
+
+def test_conv_bits_clamps_convolutions_and_says_so():
+    model = _conv_model()
+    with pytest.warns(UserWarning, match=r"Conv2d layers run k = 7/7/7 \(w/a/g\) instead of 8/8/8"):
+        inttrain.prepare_(model, DoReFaConfig(conv_bits=7))
+    cfg = DoReFaConfig(conv_bits=7)
     assert cfg.layer_bits(model[1]) == (7, 7, 7) and cfg.layer_bits(model[4]) == (8, 8, 8)
     assert model[1].precision.forward.rhs.fmt.bits == 8  # k = 7 -> signed 8-bit codes
     assert model[4].precision.forward.rhs.fmt.bits == 9

@@ -128,11 +128,14 @@ def test_gradient_bits_change_the_backward() -> None:
     assert not torch.equal(g88, g84)
 
 
-def test_conv_rejects_more_than_8_bits() -> None:
+def test_conv_takes_up_to_16_bits() -> None:
+    # Convolutions split 9..16-bit codes into exact int8 halves as Linear layers do (tests/kernels/test_conv_int16.py).
     model = nn.Sequential(nn.Conv2d(1, 2, 3))
     inttrain.prepare_(model, "int8")
+    PrecisionScheduler(model, Constant(12, 8))
+    assert model[0].precision.forward.lhs.bits == model[0].precision.forward.rhs.bits == 12
     with pytest.raises(ValueError):
-        PrecisionScheduler(model, Constant(12, 8))
+        Constant(17, 8)
 
 
 def test_precision_range_test_finds_planted_threshold() -> None:

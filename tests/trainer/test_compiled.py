@@ -11,12 +11,11 @@ from inttrain.trainer.compiled import CompiledForward, auto_compile
 
 def test_auto_compile_rule(monkeypatch) -> None:
     monkeypatch.setenv("INTTRAIN_COMPILE", "1")
-    assert auto_compile(True, False, False) == (True, "integer layers")
-    assert auto_compile(False, False, False)[0] is False  # float recipes
-    assert auto_compile(True, True, False)[0] is False  # dataflow
-    assert auto_compile(True, False, True)[0] is False  # data parallel
+    assert auto_compile(True, False) == (True, "integer layers")  # int8 dataflow included
+    assert auto_compile(False, False)[0] is False  # float recipes
+    assert auto_compile(True, True)[0] is False  # data parallel
     monkeypatch.setenv("INTTRAIN_COMPILE", "0")
-    assert auto_compile(True, False, False) == (False, "INTTRAIN_COMPILE=0")
+    assert auto_compile(True, False) == (False, "INTTRAIN_COMPILE=0")
 
 
 def test_compile_failure_falls_back_to_eager_with_one_message(monkeypatch) -> None:

@@ -186,7 +186,7 @@ def test_max_steps_ends_with_a_validation(digits: DatasetSplits) -> None:
 
 
 def test_resumed_progress_bar_continues(digits: DatasetSplits, monkeypatch: pytest.MonkeyPatch) -> None:
-    import inttrain.trainer.loop as loop
+    import inttrain.trainer.callbacks as loop
 
     bars: list[dict[str, Any]] = []
 

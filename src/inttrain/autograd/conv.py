@@ -10,6 +10,9 @@ cannot vary along the reduction (input channels x kernel window), so activations
 entering a convolution's reduction are quantized per tensor.  Tensors are kept channels-last,
 the layout of oneDNN's int8 convolution; the activation is quantized for the weight-gradient
 convolution already in forward, so backward keeps its int8 codes instead of the float input.
+
+A GEMM with codes wider than 8 bits (9..16, int16 storage) runs on :mod:`inttrain.kernels.conv_generic`,
+whose integer GEMM splits int16 codes into exact int8 halves as Linear layers do: exact, slower.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from ..kernels import conv_generic
 from ..kernels import ops as conv_kernels  # eager kernels, or graph nodes when compiling
 from ..kernels.conv import ConvGeometry
 from ..kernels.fused import quantize_matrix
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
+from ..spec.capabilities import conv_layout_problem
 from .seeds import save_with_seeds, saved_and_seeds
 from .qactivation import QActivation, quantize_activation, quantize_rows_of
 
@@ -33,26 +38,16 @@ _CL = torch.channels_last
 
 
 def check_conv_precision(prec: LayerPrecision) -> None:
-    """Raise UnsupportedFormatError if ``prec`` asks for a layout the convolution GEMMs cannot serve."""
-    rules = [
-        ("forward", "lhs (activation)", prec.forward, prec.forward.lhs),
-        ("grad_input", "lhs (output gradient)", prec.grad_input, prec.grad_input.lhs),
-        ("grad_weight", "rhs (activation)", prec.grad_weight, prec.grad_weight.rhs),
-    ]
-    for gemm, side, g, spec in rules:
-        if g.integer and not isinstance(spec.granularity, PerTensor):
-            raise UnsupportedFormatError(
-                f"conv2d {gemm} GEMM: the {side} must be quantized PerTensor (its scale would vary along the"
-                f" reduction), got {spec.granularity}"
-            )
-    for name, g in (("forward", prec.forward), ("grad_input", prec.grad_input), ("grad_weight", prec.grad_weight)):
-        if g.integer and max(g.lhs.bits, g.rhs.bits) > 8:
-            if name == "grad_weight" and g.rhs.bits <= 8:
-                continue  # up to 16-bit output gradients: exact via the int16 split of kernels.conv.conv2d_weight_grad
-            raise UnsupportedFormatError(
-                f"conv2d {name} GEMM: integer convolutions support 2 to 8 bits, got {max(g.lhs.bits, g.rhs.bits)}"
-                " (only the weight-gradient's output gradient may have up to 16 bits)"
-            )
+    """Raise UnsupportedFormatError if ``prec`` asks for a layout the convolution GEMMs cannot serve
+    (:mod:`inttrain.spec.capabilities`)."""
+    problem = conv_layout_problem(prec)
+    if problem is not None:
+        raise UnsupportedFormatError(problem)
+
+
+def _wide(g) -> bool:
+    """An integer GEMM with codes past 8 bits: the int16-split path (:mod:`inttrain.kernels.conv_generic`)."""
+    return g.integer and max(g.lhs.bits, g.rhs.bits) > 8
 
 
 def _quantize_activation(x: torch.Tensor, spec: QuantSpec, seed: int, per_channel: bool = False,
@@ -111,12 +106,16 @@ class _IntConv2dFn(torch.autograd.Function):
         if fwd.integer:
             if x_codes is not None:
                 qx, sx = x_codes
+            elif _wide(fwd):  # signed int16 codes, no zero point
+                qx, sx = _quantize_activation(xf, fwd.lhs, seeds[0])
+                check_finite(sx, "conv2d input")
             else:
                 qx, sx = _quantize_activation(xf, fwd.lhs, seeds[0], zero_point=128)  # uint8 q + 128
                 check_finite(sx, "conv2d input")
             qw, sw = _quantize_weight(weight, fwd.rhs, seeds[0] ^ 0x5BD1E995, False, geom.groups)
             check_finite(sw, "conv2d weight")
-            y = conv_kernels.conv2d_forward_u8(qx, sx, qw, sw, geom)
+            conv = conv_generic.conv2d_forward if _wide(fwd) else conv_kernels.conv2d_forward_u8
+            y = conv(qx, sx, qw, sw, geom)
         else:
             y = F.conv2d(xf, weight.float(), None, geom.stride, geom.padding, geom.dilation, geom.groups)
         if bias is not None:
@@ -155,11 +154,12 @@ class _IntConv2dFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gi = prec.grad_input
             if gi.integer:
-                qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=128)
+                qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=0 if _wide(gi) else 128)
                 if not is_finite(sg):  # amax propagates inf/NaN: this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
                 qw, sw = _quantize_weight(weight, gi.rhs, seeds[1] ^ 0x5BD1E995, True, geom.groups)
-                dx = conv_kernels.conv2d_input_grad_u8(qg, sg, qw, sw, tuple(ctx.x_shape), geom)
+                conv_t = conv_generic.conv2d_input_grad if _wide(gi) else conv_kernels.conv2d_input_grad_u8
+                dx = conv_t(qg, sg, qw, sw, tuple(ctx.x_shape), geom)
             else:
                 dx = torch.nn.grad.conv2d_input(ctx.x_shape, weight.float(), dyf, geom.stride, geom.padding,
                                                 geom.dilation, geom.groups)
@@ -172,7 +172,9 @@ class _IntConv2dFn(torch.autograd.Function):
                 qg, sg = _quantize_activation(dyf, gw.lhs, seeds[2], per_channel=per_channel)
                 if not is_finite(sg):
                     return _non_finite_grads(ctx, weight)
-                dw = conv_kernels.conv2d_weight_grad(qg, sg, qx, sx, tuple(weight.shape), geom)
+                # int16 output gradients (lhs) the oneDNN path splits itself; wide activations need the generic one
+                wgrad = conv_generic.conv2d_weight_grad if gw.rhs.bits > 8 else conv_kernels.conv2d_weight_grad
+                dw = wgrad(qg, sg, qx, sx, tuple(weight.shape), geom)
             else:
                 xf = QActivation(*saved).dequantize() if ctx.x_is_codes else saved[0]
                 dw = torch.nn.grad.conv2d_weight(xf, weight.shape, dyf, geom.stride, geom.padding,

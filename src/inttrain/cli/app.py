@@ -9,9 +9,12 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
+
+from .checks import check_positive as _check_positive
+from .checks import check_recipe as _check_recipe
 
 __all__ = ["app", "main"]
 
@@ -96,44 +99,11 @@ def env() -> None:
     typer.echo(format_env(collect_env()))
 
 
-@app.command("train")
 def train_cmd(
-    model: Annotated[Optional[str], typer.Option(help="mlp, lenet5, small-cnn, resnet20, resnet32, resnet56, vgg-small, mobilenetv2, gpt-small (with --dataset text). \\[default: small-cnn]")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="digits, synthetic, npz, mnist, fashion-mnist, cifar10, folder, text. \\[default: digits]")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", "--data-path", help="Data file or folder (mnist: idx files; cifar10: cifar-10-batches-bin or -py; folder: one sub-folder per class; npz; text: a UTF-8 file).")] = None,
-    recipe: Annotated[Optional[str], typer.Option(help="fp32, bf16, or an inttrain recipe such as int8. \\[default: fp32]")] = None,
-    bits: Annotated[Optional[int], typer.Option(help="Override the integer recipe's bit width.")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Number of epochs. \\[default: 5]")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Batch size. \\[default: 32]")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Learning rate. \\[default: 0.05]")] = None,
-    optimizer: Annotated[Optional[str], typer.Option(help="sgd, adam or adamw. \\[default: sgd]")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed for init, data split and order. \\[default: 0]")] = None,
-    weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="Weight decay (L2 for sgd/adam, decoupled for adamw). \\[default: 0]")] = None,
-    momentum: Annotated[Optional[float], typer.Option(help="SGD momentum (sgd and wageubn only). \\[default: 0.9]")] = None,
-    nesterov: Annotated[Optional[bool], typer.Option("--nesterov/--no-nesterov", help="Nesterov momentum (sgd only). \\[default: off]")] = None,
-    lr_schedule: Annotated[Optional[str], typer.Option("--lr-schedule", help="constant, step (x0.1 at 50% and 75% of the steps), cosine (to 0) or onecycle (torch OneCycleLR, max lr = --lr). \\[default: constant]")] = None,
-    warmup_epochs: Annotated[Optional[float], typer.Option("--warmup-epochs", help="Linear lr warm-up from 0 over this many epochs (fractions allowed). \\[default: 0]")] = None,
-    clip_grad_norm: Annotated[Optional[float], typer.Option("--clip-grad-norm", help="Clip the global gradient L2 norm to this before every step. \\[default: off]")] = None,
-    train_limit: Annotated[Optional[int], typer.Option("--train-limit", help="Train on the first N training samples only. \\[default: all]")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads (default: torch's choice).")] = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many steps (resumable).")] = None,
-    log_every: Annotated[Optional[int], typer.Option(help="Steps between metrics rows. \\[default: 10]")] = None,
-    seq_len: Annotated[Optional[int], typer.Option(help="Text dataset: characters of context per sequence. \\[default: 64]")] = None,
-    augment: Annotated[Optional[str], typer.Option(help="Image augmentation: none or crop-flip (pad 4, random crop, flip). \\[default: none]")] = None,
-    schedule: Annotated[Optional[str], typer.Option(help="Precision schedule: none, constant, steps, cpt, pfq, dfq (FracTrain learned per-layer gates) or fractrain (PFQ + DFQ) (options via --set schedule_min_bits=3 schedule_max_bits=8 schedule_cycles=32 schedule_grad_bits=8 schedule_steps=0:4/8,100:6 schedule_dfq_bits=4,6,8 schedule_target_cost=0.5 schedule_cost_weight=5 ...). Fewer bits are not faster on CPU; see the gbitops column. \\[default: none]")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Run folder \\[default: runs/<model>-<recipe>-<timestamp>].")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="YAML file of run settings (flags override it).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="key=value override of a config key (repeatable).")] = None,
-    nproc: Annotated[Optional[int], typer.Option(help="Data-parallel processes on this machine (gloo, 127.0.0.1); --batch-size is the global batch, split evenly. Under torchrun the world size comes from its environment. \\[default: 1]")] = None,
-    comm: Annotated[Optional[str], typer.Option(help="Gradient all-reduce with --nproc > 1: fp32 or int8 (inttrain.distributed hook). \\[default: fp32]")] = None,
-    dist_timeout: Annotated[Optional[float], typer.Option("--dist-timeout", help="Seconds a rank waits for its peers (rendezvous and every collective) before failing. \\[default: 300]")] = None,
-    sync_bn: Annotated[Optional[bool], typer.Option("--sync-bn/--no-sync-bn", help="Data parallel: BatchNorm statistics over the global batch (plain BatchNorm layers; Range/8-bit BN cannot be synced). \\[default: off]")] = None,
-    max_restarts: Annotated[Optional[int], typer.Option("--max-restarts", help="With --nproc: after a rank fails, restart all ranks up to this many times, resuming from checkpoints/last (like torchrun --max-restarts). \\[default: 0]")] = None,
-    save_every: Annotated[Optional[int], typer.Option("--save-every", help="Also save checkpoints/last every this many steps (resume and restart points). \\[default: end of each epoch only]")] = None,
-    dclr: Annotated[Optional[bool], typer.Option("--dclr/--no-dclr", help="unified-int8: deviation-counteractive per-layer learning-rate scaling (Zhu et al. 2020, Eq. 10). \\[default: on]")] = None,
-    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="torch.compile the training step (one graph, integer kernels as nodes; first-step compile time is logged; eager fallback with a message). \\[default: on for integer recipes without --dataflow or --nproc; off with INTTRAIN_COMPILE=0]")] = None,
-    dataflow: Annotated[Optional[bool], typer.Option("--dataflow/--no-dataflow", help="Integer recipes: int8 activations flow between layers and are saved in int8 for backward (~4x less activation memory; docs/dataflow.md). \\[default: off]")] = None,
-    probe_every: Annotated[Optional[int], typer.Option("--probe-every", help="Integer recipes: every N steps, the SQNR (dB) of each integer layer's forward, grad-input and grad-weight GEMM against float64 on one fixed batch, to RUN_DIR/probe.csv (`inttrain plot` draws probe.png). \\[default: off]")] = None,
+    **flags: object,
 ) -> None:
     """Train one model with one recipe into a run folder (config, metrics, log, checkpoints).
 
@@ -142,18 +112,28 @@ def train_cmd(
     from .config import resolve_config
     from .run import start_run
 
-    flags = dict(model=model, dataset=dataset, data_dir=data_dir, recipe=recipe, bits=bits, epochs=epochs,
-                 batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, threads=threads,
-                 weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, lr_schedule=lr_schedule,
-                 warmup_epochs=warmup_epochs, clip_grad_norm=clip_grad_norm, train_limit=train_limit,
-                 max_steps=max_steps, log_every=log_every, seq_len=seq_len, augment=augment, schedule=schedule,
-                 nproc=nproc, comm=comm, dist_timeout=dist_timeout,
-                 sync_bn=sync_bn, max_restarts=max_restarts, save_every=save_every, dclr=dclr, dataflow=dataflow, compile=compile,
-                 probe_every=probe_every)
     cfg = resolve_config(config, list(set_ or []), flags)
     code = start_run(cfg, out)
     if code:
         raise typer.Exit(code)
+
+
+def _with_run_config_options(command: Any) -> Any:
+    """``command``'s signature with one option per CLI field of RunConfig (the only place they are declared)."""
+    import inspect
+
+    from .config import train_options
+
+    # eval_str: this module's annotations are strings (``from __future__ import annotations``).
+    own = inspect.signature(command, eval_str=True).parameters.values()
+    fixed = [p.replace(kind=p.KEYWORD_ONLY) for p in own if p.kind is not p.VAR_KEYWORD]
+    options = train_options()
+    command.__signature__ = inspect.Signature([*options, *fixed])
+    command.__annotations__ = {**{p.name: p.annotation for p in options}, **command.__annotations__}
+    return command
+
+
+app.command("train")(_with_run_config_options(train_cmd))
 
 
 @app.command("resume")
@@ -343,36 +323,10 @@ def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
     check_choice(field, value, allowed)
 
 
-def _check_positive(**values: float) -> None:
-    for name, value in values.items():
-        if not value > 0:
-            raise _usage("--" + name.replace("_", "-"), f"{value} must be > 0")
-
-
 def _set_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
-
-
-def _allowed_recipes() -> tuple[str, ...]:
-    """The trainer's float recipes, then every recipe ``inttrain.prepare_`` knows."""
-    import inttrain
-
-    from inttrain.trainer import FLOAT_RECIPES
-
-    return tuple(dict.fromkeys((*FLOAT_RECIPES, *inttrain.recipe_names())))
-
-
-def _check_recipe(recipe: str, field: str) -> None:
-    allowed = _allowed_recipes()
-    if recipe == "integer-only":  # no float master weights or autograd: not a prepare_ recipe (docs/cli.md)
-        raise _usage(field, "'integer-only' trains integer master weights with its own integer SGD, which this "
-                            "trainer (float optimizers and autograd) does not run; train it with the Python API "
-                            "(inttrain.recipes.integer_only.convert + inttrain.integer_only.train_epoch) or "
-                            "`python -m inttrain.micro train MODEL.json DATA.npz`, then `inttrain export`")
-    if recipe not in allowed:
-        raise _usage(field, f"{recipe!r} is not one of: {', '.join(allowed)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,77 +16,113 @@ from typing import Any
 
 from .errors import UsageProblem
 
-__all__ = ["RunConfig", "load_yaml_config", "parse_sets", "resolve_config", "config_from_dict"]
+__all__ = ["RunConfig", "opt", "train_options", "load_yaml_config", "parse_sets", "resolve_config", "config_from_dict"]
+
+
+def opt(default: Any, help: str, *, flags: tuple[str, ...] = (), default_text: str | None = None,
+        cli: bool = True) -> Any:
+    """A :class:`RunConfig` field: its default and help, and how ``inttrain train`` offers it.
+
+    ``flags``: the option names (default ``--field-name``; booleans get ``--x/--no-x``); ``default_text``:
+    what the help says for the default when the value alone would not explain it; ``cli=False``: a key for
+    ``--config`` and ``--set`` only.  The CLI option, the YAML key and the ``--set`` key come from this one
+    declaration (:func:`train_options`).
+    """
+    return dataclasses.field(default=default, metadata={"help": help, "flags": flags, "default_text": default_text,
+                                                        "cli": cli})
 
 
 @dataclass
 class RunConfig:
     """Everything that determines a training run (written to ``RUN_DIR/config.yaml``)."""
 
-    model: str = "small-cnn"
-    dataset: str = "digits"
-    data_dir: str | None = None
-    recipe: str = "fp32"
-    bits: int | None = None  # overrides the integer recipe's bit width
-    epochs: int = 5
-    batch_size: int = 32
-    lr: float = 0.05
-    optimizer: str = "sgd"
+    model: str = opt("small-cnn", "mlp, lenet5, small-cnn, resnet20, resnet32, resnet56, vgg-small, mobilenetv2, "
+                                  "gpt-small (with --dataset text).")
+    dataset: str = opt("digits", "digits, synthetic, npz, mnist, fashion-mnist, cifar10, folder, text.")
+    data_dir: str | None = opt(None, "Data file or folder (mnist: idx files; cifar10: cifar-10-batches-bin or -py; "
+                                     "folder: one sub-folder per class; npz; text: a UTF-8 file).",
+                               flags=("--data-dir", "--data-path"))
+    recipe: str = opt("fp32", "fp32, bf16, or an inttrain recipe such as int8.")
+    bits: int | None = opt(None, "Override the integer recipe's bit width.")
+    epochs: int = opt(5, "Number of epochs.")
+    batch_size: int = opt(32, "Batch size.")
+    lr: float = opt(0.05, "Learning rate.")
+    optimizer: str = opt("sgd", "sgd, adam or adamw.")
     # Optimizer and lr knobs (inttrain.trainer.train): momentum/nesterov are sgd's (and wageubn's, without nesterov).
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    nesterov: bool = False
-    lr_schedule: str = "constant"  # constant, step (x0.1 at 50% and 75%), cosine (to 0) or onecycle (max lr = lr)
-    warmup_epochs: float = 0.0  # linear warm-up from 0 over this many epochs (fractions allowed)
-    clip_grad_norm: float | None = None  # clip the global gradient L2 norm to this before every step
-    train_limit: int | None = None  # train on the first N training samples only
-    seed: int = 0
-    threads: int | None = None
-    max_steps: int | None = None  # stop (resumably) after this many steps
-    log_every: int = 10  # steps between metrics rows
-    max_consecutive_skips: int = 10
-    augment: str = "none"  # image batches: "crop-flip" (pad 4, random crop, horizontal flip; the CIFAR standard)
-    dataflow: bool = False  # integer recipes: int8 activations between layers (inttrain.prepare_(..., dataflow=True))
-    # torch.compile the training step; None (auto): integer recipes without dataflow or --nproc, unless
-    # INTTRAIN_COMPILE=0 (inttrain.trainer.compiled.auto_compile).
-    compile: bool | None = None
-    val_fraction: float | None = None  # held out when the data has no test split (None: 0.2; text: 0.1)
+    weight_decay: float = opt(0.0, "Weight decay (L2 for sgd/adam, decoupled for adamw).", default_text="0")
+    momentum: float = opt(0.9, "SGD momentum (sgd and wageubn only).")
+    nesterov: bool = opt(False, "Nesterov momentum (sgd only).")
+    lr_schedule: str = opt("constant", "constant, step (x0.1 at 50% and 75% of the steps), cosine (to 0) or onecycle "
+                                       "(torch OneCycleLR, max lr = --lr).")
+    warmup_epochs: float = opt(0.0, "Linear lr warm-up from 0 over this many epochs (fractions allowed).",
+                               default_text="0")
+    clip_grad_norm: float | None = opt(None, "Clip the global gradient L2 norm to this before every step.",
+                                       default_text="off")
+    train_limit: int | None = opt(None, "Train on the first N training samples only.", default_text="all")
+    seed: int = opt(0, "Seed for init, data split and order.")
+    threads: int | None = opt(None, "CPU threads.", default_text="torch's choice")
+    max_steps: int | None = opt(None, "Stop after this many steps (resumable), after a final validation.")
+    log_every: int = opt(10, "Steps between metrics rows.")
+    max_consecutive_skips: int = opt(10, "Stop after this many non-finite steps in a row.", cli=False)
+    augment: str = opt("none", "Image augmentation: none or crop-flip (pad 4, random crop, flip).")
+    dataflow: bool = opt(False, "Integer recipes: int8 activations flow between layers and are saved in int8 for "
+                                "backward (~4x less activation memory; docs/dataflow.md).")
+    # None (auto): integer recipes without dataflow or --nproc, unless INTTRAIN_COMPILE=0
+    # (inttrain.trainer.compiled.auto_compile).
+    compile: bool | None = opt(None, "torch.compile the training step (one graph, integer kernels as nodes; "
+                                     "first-step compile time is logged; eager fallback with a message).",
+                               default_text="on for integer recipes without --dataflow or --nproc; off with "
+                                            "INTTRAIN_COMPILE=0")
+    val_fraction: float | None = opt(None, "Held out when the data has no test split (None: 0.2; text: 0.1).",
+                                     cli=False)
     # Text / gpt-small only: context length and model size (None: gpt-small's benchmark defaults).
-    seq_len: int = 64
-    d_model: int | None = None
-    n_layers: int | None = None
-    n_heads: int | None = None
-    # Precision schedule (issue 5; integer recipes): none, constant, steps, cpt, pfq, dfq or fractrain (see inttrain.schedules).
-    schedule: str = "none"
-    schedule_min_bits: int = 3  # cpt: b_min; constant: forward bits
-    schedule_max_bits: int = 8  # cpt: b_max
-    schedule_cycles: int = 32  # cpt: cycles over the run's total steps
-    schedule_grad_bits: int = 8  # gradient bits (cpt, constant)
-    schedule_steps: str | None = None  # steps: "0:4/8,100:6,200:8" = step:forward[/grad] milestones
-    schedule_window: int = 50  # pfq: steps per loss window
-    schedule_threshold: float = 0.05  # pfq: initial loss-change threshold (halved at every stage)
+    seq_len: int = opt(64, "Text dataset: characters of context per sequence.")
+    d_model: int | None = opt(None, "gpt-small: model width.", cli=False)
+    n_layers: int | None = opt(None, "gpt-small: layers.", cli=False)
+    n_heads: int | None = opt(None, "gpt-small: attention heads.", cli=False)
+    # Precision schedule (issue 5; integer recipes; see inttrain.schedules).
+    schedule: str = opt("none", "Precision schedule: none, constant, steps, cpt, pfq, dfq (FracTrain learned "
+                                "per-layer gates) or fractrain (PFQ + DFQ) (options via --set schedule_min_bits=3 "
+                                "schedule_max_bits=8 schedule_cycles=32 schedule_grad_bits=8 "
+                                "schedule_steps=0:4/8,100:6 schedule_dfq_bits=4,6,8 schedule_target_cost=0.5 "
+                                "schedule_cost_weight=5 ...). Fewer bits are not faster on CPU; see the gbitops "
+                                "column.")
+    schedule_min_bits: int = opt(3, "cpt: b_min; constant: forward bits.", cli=False)
+    schedule_max_bits: int = opt(8, "cpt: b_max.", cli=False)
+    schedule_cycles: int = opt(32, "cpt: cycles over the run's total steps.", cli=False)
+    schedule_grad_bits: int = opt(8, "Gradient bits (cpt, constant).", cli=False)
+    schedule_steps: str | None = opt(None, "steps: \"0:4/8,100:6,200:8\" = step:forward[/grad] milestones.",
+                                     cli=False)
+    schedule_window: int = opt(50, "pfq: steps per loss window.", cli=False)
+    schedule_threshold: float = opt(0.05, "pfq: initial loss-change threshold (halved at every stage).", cli=False)
     # dfq / fractrain (FracTrain's learned per-layer gates; inttrain.recipes.fractrain_dfq):
-    schedule_dfq_bits: str = "4,6,8"  # the gate's bit options
-    schedule_target_cost: float = 0.5  # target forward BitOPs relative to static 8-bit
-    schedule_cost_weight: float = 5.0  # weight of the squared cost regulariser
-    schedule_dfq_per_sample: bool = True  # each sample's gate picks its bits (false: one choice per batch)
-    # Data parallel (issue 8): processes (ranks), their gradient communication and collective timeout.
-    # batch_size stays the global batch: each of the nproc ranks trains on batch_size / nproc rows.
-    nproc: int = 1
-    comm: str = "fp32"  # fp32 all-reduce or the int8 hook (inttrain.distributed)
-    dist_timeout: float = 300.0  # seconds a collective (or the rendezvous) may wait for a peer
-    sync_bn: bool = False  # data parallel: BatchNorm statistics over the global batch (plain BatchNorm only)
-    max_restarts: int = 0  # --nproc: restart all ranks up to this many times after a failure (resume from last)
-    save_every: int | None = None  # also save checkpoints/last every this many steps (restart/resume points)
-    # unified-int8: deviation-counteractive per-layer LR scaling (Zhu et al. CVPR 2020, Eq. 10); false: plain lr.
-    dclr: bool = True
-    # Numerics probe (issue 16): every this many steps, per integer layer and GEMM the SQNR of the integer result
-    # against float64 on one fixed batch, appended to RUN_DIR/probe.csv (inttrain.trainer.probe).
-    probe_every: int | None = None
+    schedule_dfq_bits: str = opt("4,6,8", "dfq: the gate's bit options.", cli=False)
+    schedule_target_cost: float = opt(0.5, "dfq: target forward BitOPs relative to static 8-bit.", cli=False)
+    schedule_cost_weight: float = opt(5.0, "dfq: weight of the squared cost regulariser.", cli=False)
+    schedule_dfq_per_sample: bool = opt(True, "dfq: each sample's gate picks its bits (false: one choice per batch).",
+                                        cli=False)
+    # Data parallel (issue 8): batch_size stays the global batch: each of the nproc ranks trains on
+    # batch_size / nproc rows.
+    nproc: int = opt(1, "Data-parallel processes on this machine (gloo, 127.0.0.1); --batch-size is the global "
+                        "batch, split evenly. Under torchrun the world size comes from its environment.")
+    comm: str = opt("fp32", "Gradient all-reduce with --nproc > 1: fp32 or int8 (inttrain.distributed hook).")
+    dist_timeout: float = opt(300.0, "Seconds a rank waits for its peers (rendezvous and every collective) before "
+                                     "failing.", default_text="300")
+    sync_bn: bool = opt(False, "Data parallel: BatchNorm statistics over the global batch (plain BatchNorm layers; "
+                               "Range/8-bit BN cannot be synced).")
+    max_restarts: int = opt(0, "With --nproc: after a rank fails, restart all ranks up to this many times, resuming "
+                               "from checkpoints/last (like torchrun --max-restarts).")
+    save_every: int | None = opt(None, "Also save checkpoints/last every this many steps (resume and restart "
+                                       "points).", default_text="end of each epoch only")
+    dclr: bool = opt(True, "unified-int8: deviation-counteractive per-layer learning-rate scaling (Zhu et al. 2020, "
+                           "Eq. 10).")
+    probe_every: int | None = opt(None, "Integer recipes: every N steps, the SQNR (dB) of each integer layer's forward, "
+                                        "grad-input and grad-weight GEMM against float64 on one fixed batch, to "
+                                        "RUN_DIR/probe.csv (`inttrain plot` draws probe.png).", default_text="off")
     # Limits judged before reading data or building the model (inttrain.data.limits; README "Reliability").
-    max_memory_gb: float | None = None  # data + model + activations; None: 80% of physical memory
-    max_classes: int = 10_000
-    max_image_side: int = 8192
+    max_memory_gb: float | None = opt(None, "Data + model + activations; None: 80% of physical memory.", cli=False)
+    max_classes: int = opt(10_000, "Most classes a dataset may declare.", cli=False)
+    max_image_side: int = opt(8192, "Longest image side a dataset may declare.", cli=False)
 
 
 #: Largest value each numeric key takes: far above real work, far below what exhausts memory or time.
@@ -254,3 +290,35 @@ def resolve_config(config_file: Path | None, sets: list[str], flags: dict[str, A
 
 def config_dict(cfg: RunConfig) -> dict[str, Any]:
     return asdict(cfg)
+
+
+def _default_text(f: dataclasses.Field) -> str | None:
+    if f.metadata["default_text"] is not None:
+        return f.metadata["default_text"]
+    if isinstance(f.default, bool):
+        return "on" if f.default else "off"
+    return None if f.default is None else str(f.default)
+
+
+def train_options() -> list[Any]:
+    """``inspect.Parameter`` objects for every CLI field of :class:`RunConfig` (typer options, default None:
+    a flag not given leaves the config's layers below it in force)."""
+    import inspect
+    from typing import Annotated, Optional
+
+    import typer
+
+    params = []
+    for f in fields(RunConfig):
+        if not f.metadata.get("cli"):
+            continue
+        typ, _ = _base_type(f.name)
+        dashed = f.name.replace("_", "-")
+        flags = f.metadata["flags"] or ((f"--{dashed}/--no-{dashed}",) if typ is bool else (f"--{dashed}",))
+        shown = _default_text(f)
+        # "\\[" : "[...]" unescaped would be rich markup and vanish from the help.
+        help_ = f.metadata["help"] + ("" if shown is None else f" \\[default: {shown}]")
+        option = typer.Option(*flags, help=help_)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[Optional[typ], option]))  # noqa: UP045 - typer
+    return params

@@ -13,61 +13,9 @@ from typing import Any
 import typer
 
 from .errors import UsageProblem
+from .load import _other_data, resolve_checkpoint
 
 __all__ = ["resolve_checkpoint", "run_eval"]
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """The weights file for ``path``: a .safetensors file, or a run folder's best (else last) checkpoint."""
-    if path.is_dir():
-        for name in ("best", "last"):
-            candidate = path / "checkpoints" / f"{name}.safetensors"
-            if candidate.is_file():
-                return candidate
-        raise UsageProblem("CHECKPOINT", f"{str(path)!r}: no checkpoints/best.safetensors or last.safetensors in this folder")
-    if path.is_file() and path.suffix != ".safetensors":
-        raise UsageProblem("CHECKPOINT", f"{str(path)!r}: not a checkpoint this command reads ({path.suffix or 'no suffix'}); "
-                                         "allowed: a run folder or the NAME.safetensors of a checkpoint pair (not its .state.pt)")
-    if path.suffix != ".safetensors" or not path.is_file():
-        raise UsageProblem("CHECKPOINT", f"{str(path)!r}: not found; expected a run folder or a .safetensors checkpoint")
-    return path
-
-
-def _valid_info(info: Any) -> bool:
-    def numbers(v: Any) -> bool:
-        return isinstance(v, list) and len(v) in (1, 3) and all(isinstance(e, float) and e == e for e in v)
-
-    return (isinstance(info, dict) and info.get("task") == "classification"
-            and all(isinstance(info.get(k), int) and info[k] > 0 for k in ("num_classes", "in_channels", "image_size"))
-            and numbers(info.get("mean")) and numbers(info.get("std")) and len(info["mean"]) == info["in_channels"]
-            and len(info["std"]) == info["in_channels"] and all(v > 0 for v in info["std"]))
-
-
-def _other_data(cfg: RunConfig, trained: RunConfig, state: dict) -> Any:
-    """Splits whose validation set is the whole of the other data, standardised like the training data.
-
-    The statistics come from the checkpoint (runs since they are saved) or, for older runs, from the run's
-    own training data loaded again exactly as training did.
-    """
-    from inttrain.data import DataError, DatasetSplits, load_eval_dataset
-
-    from .run import prepare_run, run_limits
-
-    info = state.get("data")
-    if not _valid_info(info):  # older run (or a damaged record): recompute from the run's own training data
-        base = prepare_run(trained, echo=lambda s: None).splits
-        info = {"num_classes": base.num_classes, "in_channels": base.in_channels, "image_size": base.image_size,
-                "mean": list(base.mean), "std": list(base.std)}
-    try:
-        data, what = load_eval_dataset(cfg.dataset, cfg.data_dir, int(info["num_classes"]),
-                                       (int(info["in_channels"]), int(info["image_size"])),
-                                       tuple(info["mean"]), tuple(info["std"]), run_limits(cfg))
-    except DataError as e:
-        raise UsageProblem(f"--dataset {cfg.dataset}", str(e)) from e
-    return DatasetSplits(name=cfg.dataset, train=data, val=data, num_classes=int(info["num_classes"]),
-                         in_channels=int(info["in_channels"]), image_size=int(info["image_size"]),
-                         source=str(cfg.data_dir), val_source=f"{what}, with the run's training normalisation",
-                         mean=tuple(info["mean"]), std=tuple(info["std"]))
 
 
 def run_eval(path: Path, dataset: str | None, data_dir: Path | None, threads: int | None) -> float:

@@ -10,33 +10,9 @@ import sys
 
 __all__ = ["recipe_list", "describe_recipe", "SHOW_ONLY"]
 
-#: Shown by ``recipes show`` but not trainable by ``inttrain train`` (its own engine; docs/integer-training.md).
-SHOW_ONLY = ("integer-only",)
-
-# (paper, what runs in integer arithmetic, what stays float): the facts each recipe module's docstring states.
-_FACTS: dict[str, tuple[str, str, str]] = {
-    "fp32": ("none (the baseline)", "nothing", "everything: float32 weights, activations, gradients"),
-    "bf16": ("none (torch.autocast)", "nothing",
-             "everything; matmuls and convolutions in bfloat16 under autocast, float32 master weights"),
-    "int8": ("int8 mixed precision: Zhu et al. CVPR 2020 Sec. 3; torchao's int8 mixed-precision training; "
-             "SwitchBack (Wortsman et al. 2023)",
-             "the three GEMMs of every Linear/Conv2d (int8 x int8 -> int32)",
-             "master weights and optimizer (any torch optimizer), scales, element-wise ops, normalization, loss"),
-    "dorefa": ("Zhou et al. 2016, DoReFa-Net, arXiv:1606.06160",
-               "the three GEMMs, on the paper's k-bit codes of weights, activations and gradients",
-               "the tanh/clip/normalise/noise transforms (element-wise), master weights, first and last layer"),
-    "unified-int8": ("Zhu et al., Towards Unified INT8 Training for Convolutional Neural Network, CVPR 2020",
-                     "the three GEMMs (int8 x int8 -> int32)",
-                     "direction-sensitive gradient clipping search, deviation-counteractive LR scaling, "
-                     "master weights"),
-    "sbm": ("Banner et al., Scalable Methods for 8-bit Training of Neural Networks, NeurIPS 2018",
-            "the three GEMMs; the 16-bit weight-gradient GEMM exactly on int8 kernels (int16 split)",
-            "Range BatchNorm arithmetic (simulated in float32), master weights"),
-    "wageubn": ("Yang et al., Training high-performance and large-scale deep neural networks with full 8-bit "
-                "integers, Neural Networks 2020 (WAGEUBN)",
-                "the three GEMMs with power-of-two scales; weight gradients, momentum and update on fixed-point "
-                "grids (8/16/24 bits)",
-                "BN statistics (its output, gamma and beta are 8-bit), the float32 tensors holding the grids"),
+# The recipe objects state their own facts (RecipeConfig.facts); recipes with their own engine
+# (inttrain.recipes.OTHER_ENGINES) are shown, not trained, and state theirs here.
+_ENGINE_FACTS: dict[str, tuple[str, str, str]] = {
     "integer-only": ("Wang et al., NITI: Training Integer Neural Networks Using Integer-only Arithmetic, "
                      "IEEE TPDS 2022",
                      "everything in a training step: int8 codes with power-of-two exponents, int32 accumulators, "
@@ -45,16 +21,16 @@ _FACTS: dict[str, tuple[str, str, str]] = {
                      "nothing (float only to convert the initial weights); train it with the Python API or "
                      "python -m inttrain.micro, not inttrain train"),
 }
-_FACTS["int8-mixed"] = _FACTS["int8"]
+SHOW_ONLY = tuple(_ENGINE_FACTS)
 
 _GEMMS = {"Linear": (("forward", "y  = x W^T"), ("grad_input", "dx = dy W"), ("grad_weight", "dW = dy^T x")),
           "Conv2d": (("forward", "y  = x * W"), ("grad_input", "dx = dy *T W"), ("grad_weight", "dW = dy * x"))}
 
 
 def recipe_list() -> list[str]:
-    from .app import _allowed_recipes
+    from .checks import allowed_recipes
 
-    return list(_allowed_recipes())
+    return list(allowed_recipes())
 
 
 def _first_paragraph(doc: str | None) -> str:
@@ -103,7 +79,8 @@ def describe_recipe(name: str) -> str:
     cfg = _config(name)
     module = sys.modules[type(cfg).__module__]
     summary = re.sub(r":\w+:`([^`]*)`", r"\1", _first_paragraph(module.__doc__)).replace("``", "")
-    paper, integer, floating = _FACTS.get(name, ("", "", ""))
+    facts = getattr(cfg, "facts", ("", "", ""))
+    paper, integer, floating = facts if any(facts) else _ENGINE_FACTS.get(name, facts)
     lines = [f"{name} ({type(cfg).__name__})", f"  {summary}", f"  paper:   {paper}", f"  integer: {integer}",
              f"  float:   {floating}"]
     if hasattr(cfg, "converts_layers") and cfg.converts_layers():

@@ -16,6 +16,7 @@ from typing import Any
 import typer
 
 from .config import RunConfig, config_from_dict
+from .checks import check_positive as _check_positive
 from .errors import UsageProblem, check_choice
 
 __all__ = ["Prepared", "prepare_run", "run_training", "default_out", "resume_run", "model_overrides"]
@@ -36,32 +37,19 @@ class Prepared:
     scheduler: Any = None  # inttrain.schedules.PrecisionScheduler (--schedule), already applied to the model
 
 
-def _check_positive(**values: float | None) -> None:
-    for name, value in values.items():
-        if value is not None and not value > 0:
-            raise UsageProblem("--" + name.replace("_", "-"), f"{value} must be > 0")
-
-
 def recipe_config_for(recipe: str, bits: int | None) -> Any:
-    """The config ``prepare_`` gets: the recipe name, or its dataclass with ``bits`` replaced."""
-    from inttrain.trainer import FLOAT_RECIPES
+    """The config ``prepare_`` gets: None (use the name), or the recipe's config with ``bits`` set."""
+    import inttrain
 
     if bits is None:
         return None
-    if recipe in FLOAT_RECIPES:
-        raise UsageProblem("--bits", f"{bits}: recipe {recipe!r} has no bit width; use an integer recipe such as int8")
-    import inttrain
-
     cfg = inttrain.get_config(recipe)
-    names = {f.name for f in dataclasses.fields(cfg)}
-    # dorefa has no single width: --bits sets its weight, activation and gradient k alike.
-    targets = ("bits",) if "bits" in names else tuple(n for n in ("w_bits", "a_bits", "g_bits") if n in names)
-    if not targets:
-        raise UsageProblem("--bits", f"{bits}: recipe {recipe!r} has no bits field")
+    if not cfg.converts_layers():
+        raise UsageProblem("--bits", f"{bits}: recipe {recipe!r} has no bit width; use an integer recipe such as int8")
     try:
-        return dataclasses.replace(cfg, **dict.fromkeys(targets, bits))
-    except ValueError as e:  # the library's range check (UnsupportedFormatError)
-        raise UsageProblem("--bits", str(e)) from None
+        return cfg.with_bits(bits)
+    except ValueError as e:  # no bit width, or the library's range check (UnsupportedFormatError)
+        raise UsageProblem("--bits", f"{bits}: {e}" if "has no bits" in str(e) else str(e)) from None
 
 
 def validate_config(cfg: RunConfig) -> Any:
@@ -71,7 +59,7 @@ def validate_config(cfg: RunConfig) -> Any:
     from inttrain.trainer import OPTIMIZER_NAMES
     from inttrain.trainer.augment import AUGMENTATIONS
 
-    from .app import _check_recipe
+    from .checks import check_recipe
 
     check_choice("--model", cfg.model, MODEL_NAMES)
     check_choice("--dataset", cfg.dataset, DATASET_NAMES)
@@ -83,10 +71,7 @@ def validate_config(cfg: RunConfig) -> Any:
     from inttrain.schedules import SCHEDULE_NAMES
 
     check_choice("--schedule", cfg.schedule, SCHEDULE_NAMES)
-    _check_recipe(cfg.recipe, field="--recipe")
-    if cfg.recipe == "wageubn" and cfg.optimizer != "sgd":  # its update is a quantized SGD (WageubnSGD)
-        raise UsageProblem("--optimizer", f"{cfg.optimizer!r}: recipe 'wageubn' trains with its own quantized SGD; "
-                                          "allowed: sgd")
+    check_recipe(cfg.recipe, field="--recipe")
     _check_optimizer_knobs(cfg)
     _check_positive(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, threads=cfg.threads,
                     max_steps=cfg.max_steps, log_every=cfg.log_every, max_consecutive_skips=cfg.max_consecutive_skips,
@@ -98,9 +83,9 @@ def validate_config(cfg: RunConfig) -> Any:
     check_choice("--comm", cfg.comm, ("fp32", "int8"))
     _check_positive(nproc=cfg.nproc, dist_timeout=cfg.dist_timeout, save_every=cfg.save_every,
                     probe_every=cfg.probe_every)
-    from inttrain.trainer import FLOAT_RECIPES
+    import inttrain
 
-    if cfg.probe_every is not None and cfg.recipe in FLOAT_RECIPES:
+    if cfg.probe_every is not None and not inttrain.get_config(cfg.recipe).converts_layers():
         raise UsageProblem("--probe-every", f"{cfg.probe_every}: recipe {cfg.recipe!r} has no integer layers to probe; "
                                             "use an integer recipe such as int8")
     if cfg.max_restarts < 0:
@@ -124,8 +109,14 @@ def validate_config(cfg: RunConfig) -> Any:
 
 
 def _check_optimizer_knobs(cfg: RunConfig) -> None:
-    """--momentum / --weight-decay / --nesterov / --warmup-epochs: ranges, and only where they apply."""
-    from inttrain.trainer.loop import check_optimizer_options
+    """--optimizer / --momentum / --weight-decay / --nesterov / --warmup-epochs: ranges, and only where they apply."""
+    import inttrain
+    from inttrain.optim import check_optimizer_options
+
+    recipe = inttrain.get_config(cfg.recipe)
+    if recipe.optimizers is not None and cfg.optimizer not in recipe.optimizers:
+        raise UsageProblem("--optimizer", f"{cfg.optimizer!r}: recipe {cfg.recipe!r} trains with {recipe.update_rule}; "
+                                          f"allowed: {', '.join(recipe.optimizers)}")
 
     if not cfg.weight_decay >= 0:
         raise UsageProblem("--weight-decay", f"{cfg.weight_decay} must be >= 0")
@@ -133,11 +124,12 @@ def _check_optimizer_knobs(cfg: RunConfig) -> None:
         raise UsageProblem("--momentum", f"{cfg.momentum}: allowed 0 <= momentum < 1")
     if not cfg.warmup_epochs >= 0:
         raise UsageProblem("--warmup-epochs", f"{cfg.warmup_epochs} must be >= 0")
-    if cfg.nesterov and cfg.recipe == "wageubn":
-        raise UsageProblem("--nesterov", "recipe 'wageubn' trains with its quantized SGD (WageubnSGD), which has no "
-                                         "nesterov momentum; allowed: --no-nesterov")
     try:
         check_optimizer_options(cfg.optimizer, cfg.momentum, cfg.weight_decay, cfg.nesterov)
+        if cfg.nesterov:  # the recipe's own optimizer may have none (it says so)
+            import torch
+
+            recipe.optimizer_for(torch.nn.Linear(1, 1), cfg.optimizer, cfg.lr, momentum=cfg.momentum, nesterov=True)
     except ValueError as e:
         raise UsageProblem("--nesterov" if cfg.nesterov else "--momentum", str(e)) from None
 
@@ -256,7 +248,7 @@ def prepare_run(cfg: RunConfig, echo: Any = typer.echo, splits: Any = None) -> P
     if schedule is not None:
         try:
             scheduler = make_scheduler(model, schedule)
-        except ValueError as e:  # e.g. QConv2d takes at most 8 bits
+        except ValueError as e:  # a width or layout a layer cannot run
             raise UsageProblem("--schedule", f"{cfg.schedule}: {e}") from None
     return Prepared(cfg, splits, model, recipe_config, scheduler)
 
@@ -670,4 +662,4 @@ def _use_compile(cfg: RunConfig, p: Any, dp: Any) -> bool:
     from inttrain.trainer.compiled import auto_compile
 
     recipe = get_config(p.recipe_config if p.recipe_config is not None else cfg.recipe)
-    return auto_compile(recipe.converts_layers(), cfg.dataflow, dp is not None)[0]
+    return auto_compile(recipe.converts_layers(), dp is not None)[0]

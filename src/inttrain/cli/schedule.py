@@ -46,13 +46,13 @@ def total_steps(cfg: RunConfig, n_train: int) -> int:
 def build_schedule(cfg: RunConfig, n_train: int) -> Any:
     """The :class:`~inttrain.schedules.Schedule` of ``cfg`` (None for ``schedule=none``; dfq: a ``DFQConfig``,
     fractrain: ``(DFQConfig, PFQ)``, turned into a scheduler by :func:`make_scheduler`); UsageProblem if invalid."""
+    import inttrain
     from inttrain import schedules as S
-    from inttrain.trainer import FLOAT_RECIPES
 
     check_choice("--schedule", cfg.schedule, S.SCHEDULE_NAMES)
     if cfg.schedule == "none":
         return None
-    if cfg.recipe in FLOAT_RECIPES:
+    if not inttrain.get_config(cfg.recipe).converts_layers():
         raise UsageProblem("--schedule", f"{cfg.schedule}: recipe {cfg.recipe!r} has no bit width; use an integer recipe such as int8")
     try:
         if cfg.schedule == "constant":

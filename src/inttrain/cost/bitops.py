@@ -110,6 +110,14 @@ class BitOpsCounter:
     ``training_only``: layers in eval mode (validation passes) are not counted.
     ``saved_bytes`` maps a layer name to the bytes its last forward saved for backward.
     ``state_dict()`` / ``load_state_dict()`` carry the running totals across a resume.
+
+    Compiled steps: the hooks are Python side effects that would split a ``torch.compile`` graph at every
+    layer, so inside a compiled graph they do nothing.  Between :meth:`begin_step` and :meth:`end_step`
+    the GEMMs an eager step counted are kept as a template; a step in which no hook fired (it ran
+    compiled) is counted by replaying that template with each layer's current bit widths (the shapes
+    of a step do not change without a recompile; a precision schedule changes the bits, which are read
+    anew).  :attr:`has_template` says whether an eager step has been seen (the trainer runs the first
+    step eagerly when it has not).
     """
 
     def __init__(self, model: nn.Module, measure_memory: bool = False, training_only: bool = True) -> None:
@@ -118,6 +126,9 @@ class BitOpsCounter:
         self.saved_bytes: dict[str, int] = {}
         self._handles: list[Any] = []
         self._ctx: dict[str, Any] = {}
+        self._template: list[tuple[str, str, int]] = []  # (layer, gemm, MACs) of the last eager step
+        self._recording: list[tuple[str, str, int]] = []
+        self._in_step = False
 
     # ------------------------------------------------------------------ hooks
     def layers(self) -> Iterator[tuple[str, nn.Module]]:
@@ -144,6 +155,33 @@ class BitOpsCounter:
     def __exit__(self, *exc: Any) -> None:
         self.detach()
 
+    @property
+    def has_template(self) -> bool:
+        return bool(self._template)
+
+    def begin_step(self) -> None:
+        self._recording, self._in_step = [], True
+
+    def end_step(self) -> None:
+        """Keep this step's GEMMs as the template, or (a compiled step: nothing recorded) replay the template.
+
+        Reading a total before ``end_step`` (the trainer logs its metrics row first) settles the step early.
+        """
+        if not self._in_step:
+            return
+        self._in_step = False
+        if self._recording:
+            self._template, self._recording = self._recording, []
+            return
+        layers = dict(self.layers())
+        for name, gemm, macs in self._template:
+            layer = layers[name]
+            self._record(name, layer, gemm).add(macs, _gemm_bits(getattr(layer.precision, gemm)))
+
+    def _count(self, name: str, layer: nn.Module, gemm: str, macs: int, bits: tuple[int, int]) -> None:
+        self._record(name, layer, gemm).add(macs, bits)
+        self._recording.append((name, gemm, macs))
+
     def _record(self, name: str, layer: nn.Module, gemm: str) -> GemmCount:
         key = (name, gemm)
         if key not in self.records:
@@ -168,6 +206,8 @@ class BitOpsCounter:
 
     def _forward_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            if torch.compiler.is_compiling():  # counted by end_step's replay (see the class docstring)
+                return
             if name in self._ctx:
                 ctx, total = self._ctx.pop(name)
                 ctx.__exit__(None, None, None)
@@ -182,7 +222,7 @@ class BitOpsCounter:
             parts: list[tuple[int, LayerPrecision]] = (
                 [(macs, module.precision)] if groups is None else [(macs * int(idx.numel()) // n, p) for idx, p in groups])
             for m, p in parts:
-                self._record(name, module, "forward").add(m, _gemm_bits(p.forward))
+                self._count(name, module, "forward", m, _gemm_bits(p.forward))
             if not (torch.is_grad_enabled() and output.requires_grad):
                 return
             need_dx = bool(x.requires_grad)
@@ -191,9 +231,9 @@ class BitOpsCounter:
             def on_grad(g: torch.Tensor) -> None:
                 for m, p in parts:
                     if need_dx:
-                        self._record(name, module, "grad_input").add(m, _gemm_bits(p.grad_input))
+                        self._count(name, module, "grad_input", m, _gemm_bits(p.grad_input))
                     if need_dw:
-                        self._record(name, module, "grad_weight").add(m, _gemm_bits(p.grad_weight))
+                        self._count(name, module, "grad_weight", m, _gemm_bits(p.grad_weight))
 
             output.register_hook(on_grad)
 
@@ -201,6 +241,7 @@ class BitOpsCounter:
 
     # ------------------------------------------------------------------ totals
     def total(self, field: str = "bitops", gemm: str | None = None) -> float:
+        self.end_step()
         return sum(getattr(r, field) for r in self.records.values() if gemm is None or r.gemm == gemm)
 
     @property
@@ -222,19 +263,22 @@ class BitOpsCounter:
         self.saved_bytes.clear()
 
     def state_dict(self) -> dict[str, Any]:
+        self.end_step()
         return {"records": [
             [r.layer, r.kind, r.gemm, r.macs, r.bitops, r.fp32_bitops, r.int8_bitops, r.energy_pj, r.calls, list(r.last_bits)]
             for r in self.records.values()
-        ]}
+        ], "template": [list(t) for t in self._template]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.records = {}
         for layer, kind, gemm, macs, bitops, fp32, int8, energy, calls, last in state["records"]:
             self.records[(layer, gemm)] = GemmCount(layer, kind, gemm, int(macs), int(bitops), int(fp32), int(int8),
                                                     float(energy), int(calls), (int(last[0]), int(last[1])))
+        self._template = [(str(n), str(g), int(m)) for n, g, m in state.get("template", [])]
 
     def table(self) -> str:
         """Per-layer, per-GEMM table with totals, ratios, energy and saved-activation memory."""
+        self.end_step()
         head = f"{'layer':<24} {'type':<7} {'gemm':<11} {'MACs':>12} {'bits':>6} {'GBitOPs':>10} {'energy uJ':>10} {'saved KiB':>10}"
         lines = [head, "-" * len(head)]
         order = list(dict.fromkeys(r.layer for r in self.records.values()))

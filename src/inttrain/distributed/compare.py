@@ -2,7 +2,8 @@
 
     python -m inttrain.distributed.compare [--steps 200] [--nproc 2]
 
-Spawns ``--nproc`` gloo ranks on 127.0.0.1 and trains the same MLP (synthetic 10-class problem)
+Starts ``--nproc`` gloo ranks on 127.0.0.1 (fresh interpreters whose environment names the loopback
+interface; this process's environment is left alone) and trains the same MLP (synthetic 10-class problem)
 with: the fp32 all-reduce, PyTorch's ``fp16_compress_hook``, PowerSGD (rank 1 and 4), and
 :func:`inttrain.distributed.int8_allreduce_hook` in both integer-sum modes.  Bytes are counted by
 wrapping ``torch.distributed.all_reduce`` / ``all_gather`` (what each rank puts into collectives),
@@ -12,14 +13,17 @@ codes vs all-reduce of int32 codes.
 
 import argparse
 import copy
+import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -67,8 +71,8 @@ def _hooks(world):
     }
 
 
-def _worker(rank, world, port, steps, queue):
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+def _worker(rank, world, port, steps):
+    """One rank (GLOO_SOCKET_IFNAME=lo comes with its environment); rank 0 prints the results as JSON."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
@@ -119,7 +123,7 @@ def _worker(rank, world, port, steps, queue):
             times.append(time.perf_counter() - t0)
         micro[label] = sorted(times)[len(times) // 2] * 1e3
     if rank == 0:
-        queue.put((rows, micro, sum(p.numel() for p in base.parameters())))
+        print(json.dumps([rows, micro, sum(p.numel() for p in base.parameters())]), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -128,20 +132,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # this process is that rank
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, args.nproc, port, args.steps, queue)) for r in range(args.nproc)]
-    for p in procs:
-        p.start()
-    rows, micro, numel = queue.get(timeout=600)
-    for p in procs:
-        p.join(60)
-        if p.is_alive():
-            p.kill()
+    if args.worker is not None:
+        _worker(args.worker, args.nproc, args.port, args.steps)
+        return
+    rows, micro, numel = _run_ranks(args.nproc, args.steps)
     print(f"{args.nproc} ranks, gloo on 127.0.0.1, MLP with {numel} parameters, {args.steps} SGD steps")
     print("| hook | bytes/step/rank | vs fp32 | final loss | ms/step |\n|---|---:|---:|---:|---:|")
     fp32 = rows[0][1]
@@ -150,6 +147,31 @@ def main(argv=None):
     print("\n1M-element bucket (median of 10):")
     for k, v in micro.items():
         print(f"  {k}: {v:.2f} ms")
+
+
+def _run_ranks(nproc, steps):
+    """Start the ranks as child interpreters and return rank 0's results."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    src = str(Path(__file__).resolve().parents[2])  # the children import this same inttrain
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo",
+           "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-m", "inttrain.distributed.compare", "--nproc", str(nproc), "--steps", str(steps),
+           "--port", str(port), "--worker"]
+    procs = [subprocess.Popen([*cmd, str(r)], env=env, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+                              text=True) for r in range(nproc)]
+    try:
+        out, _ = procs[0].communicate(timeout=600)
+    finally:
+        for p in procs[1:]:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    if procs[0].returncode != 0:
+        raise SystemExit(f"rank 0 failed with exit code {procs[0].returncode}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ is left untouched, so :func:`all_ranks_finite` lets all ranks skip the same step
 
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -179,19 +180,9 @@ def _build_segments(state: Int8HookState, bucket: dist.GradBucket, params: list,
     return segments, pos, start
 
 
-def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: average the bucket across ranks with int8 codes (see module doc)."""
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
-    buf = bucket.buffer()
-    n = buf.numel()
-    cs = state.chunk_size
-    segments, pos, padded = _segments(state, bucket, n, cs)
-    nchunks = padded // cs
-    if pos is not None:
-        pos = pos.to(buf.device)
-
+def _padded_input(state: Int8HookState, buf: torch.Tensor, segments: list, pos: torch.Tensor | None,
+                  n: int, padded: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The bucket in chunk layout (zero padded) plus each parameter's error-feedback residual; (x, residual)."""
     x = torch.zeros(padded, dtype=torch.float32, device=buf.device)
     if pos is None:
         x[:n] = buf.reshape(-1)
@@ -207,11 +198,14 @@ def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.
             if r is not None and r.numel() == size:
                 residual[st:st + size] = r.reshape(-1).to(buf.device)
         x += residual
-    xc = x.view(nchunks, cs)
+    return x, residual
 
-    # 1) agree on one scale per chunk: all-reduce MAX of the chunk absmax (nan -> inf so it survives MAX)
+
+def _agreed_scales(state: Int8HookState, xc: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                  torch.Tensor]:
+    """One scale per chunk, the same on every rank: all-reduce MAX of the chunk absmax; (amax, finite, scale)."""
     amax = xc.abs().amax(dim=1)
-    amax = torch.nan_to_num(amax, nan=float("inf"), posinf=float("inf"))
+    amax = torch.nan_to_num(amax, nan=float("inf"), posinf=float("inf"))  # nan -> inf so it survives MAX
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     finite = torch.isfinite(amax)
     # amax / 127 must be a normal float: a chunk of denormal gradients would get scale 0 (0/0 = NaN codes);
@@ -219,36 +213,40 @@ def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.
     safe_amax = torch.where(finite & (amax > _MIN_AMAX), amax, torch.ones_like(amax))
     scale = (safe_amax / _QMAX).unsqueeze(1)
     state._max_scale = max(state._max_scale, float(torch.where(finite, amax, 0).max()) / _QMAX)
+    return amax, finite, scale
 
-    # 2) stochastic rounding to int8 codes with explicit, seeded randomness
-    gen = torch.Generator(device=buf.device)
-    noise = torch.empty(padded, dtype=torch.float32, device=buf.device)
+
+def _stochastic_codes(state: Int8HookState, xc: torch.Tensor, finite: torch.Tensor, scale: torch.Tensor,
+                      segments: list, rank: int) -> torch.Tensor:
+    """Stochastic rounding to int8 codes with explicit randomness, seeded per (seed, rank, step, parameter)."""
+    nchunks, cs = xc.shape
+    padded = nchunks * cs
+    gen = torch.Generator(device=xc.device)
+    noise = torch.empty(padded, dtype=torch.float32, device=xc.device)
     for i, (_, seed_index, st, size) in enumerate(segments):
         end = segments[i + 1][2] if i + 1 < len(segments) else padded
         gen.manual_seed(_seed_for(state.seed, rank, state.step, seed_index))
-        noise[st:end] = torch.rand(end - st, generator=gen, device=buf.device, dtype=torch.float32)
+        noise[st:end] = torch.rand(end - st, generator=gen, device=xc.device, dtype=torch.float32)
     noise = noise.view(nchunks, cs)
     xs = torch.where(finite.unsqueeze(1), xc / scale, torch.zeros_like(xc))
-    codes = torch.floor(xs + noise).clamp_(-_QMAX, _QMAX)
+    return torch.floor(xs + noise).clamp_(-_QMAX, _QMAX)
 
-    if state.error_feedback:
-        new_res = xc - codes * scale
-        if residual is not None and not bool(finite.all()):
-            new_res = torch.where(finite.unsqueeze(1), new_res, residual.view(nchunks, cs))
-        elif not bool(finite.all()):
-            new_res = torch.where(finite.unsqueeze(1), new_res, torch.zeros_like(new_res))
-        flat_res = new_res.reshape(-1)
-        for key, _, st, size in segments:
-            state.residuals[key] = flat_res[st:st + size].clone()
-    if not bool(finite.all()):
-        state._nonfinite = True
 
-    flat_codes = codes.to(torch.int8).reshape(-1)
-    codes8 = flat_codes[:n] if pos is None else flat_codes[pos]  # padding is not sent; bucket order
-    state._bytes += amax.numel() * amax.element_size()
-    state._fp32_bytes += n * 4
+def _keep_residuals(state: Int8HookState, xc: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
+                    finite: torch.Tensor, residual: torch.Tensor | None, segments: list) -> None:
+    """Error feedback: what the codes did not carry is added to the next step's gradient (per parameter)."""
+    new_res = xc - codes * scale
+    if residual is not None and not bool(finite.all()):
+        new_res = torch.where(finite.unsqueeze(1), new_res, residual.view(xc.shape))
+    elif not bool(finite.all()):
+        new_res = torch.where(finite.unsqueeze(1), new_res, torch.zeros_like(new_res))
+    flat_res = new_res.reshape(-1)
+    for key, _, st, size in segments:
+        state.residuals[key] = flat_res[st:st + size].clone()
 
-    # 3) exact integer sum across ranks
+
+def _exact_sum(state: Int8HookState, codes8: torch.Tensor, world: int, group: Any) -> torch.futures.Future:
+    """The int32 sum of every rank's int8 codes: all-gather + local sum, or an int32 all-reduce."""
     if state.mode == "allgather":
         gathered = [torch.empty_like(codes8) for _ in range(world)]
         work = dist.all_gather(gathered, codes8, group=group, async_op=True)
@@ -260,14 +258,38 @@ def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.
                 total.add_(g)
             return total
 
-        summed = work.get_future().then(_sum)
-    else:
-        wide = codes8.to(torch.int32)
-        work = dist.all_reduce(wide, group=group, async_op=True)
-        state._bytes += wide.numel() * wide.element_size()
+        return work.get_future().then(_sum)
+    wide = codes8.to(torch.int32)
+    work = dist.all_reduce(wide, group=group, async_op=True)
+    state._bytes += wide.numel() * wide.element_size()
+    return work.get_future().then(lambda _fut: wide)
 
-        summed = work.get_future().then(lambda _fut: wide)
 
+def int8_allreduce_hook(state: Int8HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: average the bucket across ranks with int8 codes (see module doc)."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    buf = bucket.buffer()
+    n = buf.numel()
+    cs = state.chunk_size
+    segments, pos, padded = _segments(state, bucket, n, cs)
+    nchunks = padded // cs
+    if pos is not None:
+        pos = pos.to(buf.device)
+    x, residual = _padded_input(state, buf, segments, pos, n, padded)
+    xc = x.view(nchunks, cs)
+    amax, finite, scale = _agreed_scales(state, xc, group)  # 1) one scale per chunk on every rank
+    codes = _stochastic_codes(state, xc, finite, scale, segments, rank)  # 2) seeded stochastic rounding
+    if state.error_feedback:
+        _keep_residuals(state, xc, codes, scale, finite, residual, segments)
+    if not bool(finite.all()):
+        state._nonfinite = True
+    flat_codes = codes.to(torch.int8).reshape(-1)
+    codes8 = flat_codes[:n] if pos is None else flat_codes[pos]  # padding is not sent; bucket order
+    state._bytes += amax.numel() * amax.element_size()
+    state._fp32_bytes += n * 4
+    summed = _exact_sum(state, codes8, world, group)  # 3) exact integer sum across ranks
     state._end_bucket(bucket.is_last())
     nan_rows = ~finite
 

@@ -42,19 +42,16 @@ def recipe_name(recipe: str | RecipeConfig) -> str:
 
 
 def convert(model: nn.Module, recipe: str | RecipeConfig, dataflow: bool, prepare_kwargs: dict[str, Any]):
-    """``prepare_`` + the recipe's norm-layer swap (wageubn, sbm), as ``inttrain train`` does; the report."""
-    from inttrain.trainer.recipe_training import swap_norms_
-
+    """``prepare_`` (layers and the recipe's norm layers, as ``inttrain train`` does); the report."""
     if recipe != "fp32":
         inttrain.prepare_(model, recipe, dataflow=dataflow, **prepare_kwargs)
-        swap_norms_(model, recipe)
     return inttrain.conversion_report(model)
 
 
 def recipe_state(model: nn.Module, recipe: str) -> dict[str, Any]:
     """State that decides how integer training continues and is not in ``model.state_dict()``:
     stochastic-rounding call counters and the recipe hooks' state (e.g. unified-int8's DSGC)."""
-    from inttrain.trainer.recipe_training import layer_hook_state
+    from inttrain.recipes.base import layer_hook_state
 
     calls = {n: int(m.calls) for n, m in model.named_modules() if isinstance(m, IntLayerMixin)}
     return {"recipe": recipe, "layer_calls": calls, "hook_state": layer_hook_state(model)}
@@ -62,7 +59,7 @@ def recipe_state(model: nn.Module, recipe: str) -> dict[str, Any]:
 
 def load_recipe_state(model: nn.Module, state: dict[str, Any], recipe: str) -> None:
     """Put back :func:`recipe_state`; ValueError if it was saved under another recipe or another model."""
-    from inttrain.trainer.recipe_training import load_layer_hook_state
+    from inttrain.recipes.base import load_layer_hook_state
 
     if state.get("recipe") != recipe:
         raise ValueError(f"checkpoint was trained with recipe {state.get('recipe')!r}, this callback runs {recipe!r}")

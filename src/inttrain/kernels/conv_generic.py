@@ -7,7 +7,9 @@ cuBLASLt's shape rules and whose K-splitting keeps int32 exact.  They are slower
 convolution (the im2col copy is k_h x k_w times the activation) but exact, and they are tested
 bit for bit against :mod:`.conv_reference` on CPU.
 
-Signatures and results are those of :mod:`.conv`: float32 ``acc * scale_a * scale_b``.
+Signatures and results are those of :mod:`.conv`: float32 ``acc * scale_a * scale_b``.  Codes may also be
+int16 (9..16-bit formats): :func:`~inttrain.kernels.matmul.int_mm` splits them into exact int8 halves, as
+for Linear layers, so wide convolutions stay exact on int8 kernels.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .conv_geometry import ConvGeometry
-from .matmul import int8_mm
+from .matmul import int_mm
 
 __all__ = ["conv2d_forward", "conv2d_input_grad", "conv2d_weight_grad", "unshift_u8"]
 
 
 def unshift_u8(codes: Tensor) -> Tensor:
-    """Shifted uint8 codes ``q + 128`` back to int8 ``q`` (a sign-bit flip); int8 passes through."""
-    return codes if codes.dtype == torch.int8 else torch.bitwise_xor(codes.view(torch.int8), -128)
+    """Shifted uint8 codes ``q + 128`` back to int8 ``q`` (a sign-bit flip); signed codes pass through."""
+    return codes if codes.dtype != torch.uint8 else torch.bitwise_xor(codes.view(torch.int8), -128)
 
 
 def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -58,7 +60,7 @@ def conv2d_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geo
     cols, ho, wo = _im2col(xq, k_h, k_w, geom)
     # weights as [G, k_h*k_w*Cg, Cog]: column (kh, kw, c) order matches the im2col rows
     wmat = wq.reshape(g, co // g, cg, k_h, k_w).permute(0, 3, 4, 2, 1).reshape(g, k_h * k_w * cg, co // g)
-    acc = torch.cat([int8_mm(cols[:, grp], wmat[grp]).to(torch.float64) for grp in range(g)], dim=1)
+    acc = torch.cat([int_mm(cols[:, grp], wmat[grp]).to(torch.float64) for grp in range(g)], dim=1)
     y = acc * (_per_channel(w_scale, co).double() * float(x_scale.reshape(-1)[0]))
     return y.to(torch.float32).reshape(n, ho, wo, co).permute(0, 3, 1, 2)
 
@@ -98,7 +100,7 @@ def conv2d_weight_grad(
     g = geom.groups
     cols, _, _ = _im2col(xq, k_h, k_w, geom)
     gmat = gq.permute(0, 2, 3, 1).reshape(-1, co)  # [N*Ho*Wo, Co]
-    parts = [int8_mm(gmat[:, grp * (co // g) : (grp + 1) * (co // g)].t(), cols[:, grp]) for grp in range(g)]
+    parts = [int_mm(gmat[:, grp * (co // g) : (grp + 1) * (co // g)].t(), cols[:, grp]) for grp in range(g)]
     acc = torch.cat(parts).to(torch.float64).reshape(co, k_h, k_w, cg).permute(0, 3, 1, 2)
     scale = _per_channel(g_scale, co).double() * float(x_scale.reshape(-1)[0])
     return (acc * scale.view(co, 1, 1, 1)).to(torch.float32)

@@ -17,8 +17,9 @@ from .sbm import SbmConfig
 from .unified_int8 import UnifiedInt8Config
 from .wageubn import WageubnConfig, WageubnSGD
 
-__all__ = ["RecipeConfig", "LayerHooks", "Fp32Config", "Int8MixedConfig", "DoReFaConfig", "UnifiedInt8Config", "SbmConfig", "Bf16Config", "WageubnConfig", "WageubnSGD", "RECIPES", "from_name"]
+__all__ = ["RecipeConfig", "LayerHooks", "Fp32Config", "Int8MixedConfig", "DoReFaConfig", "UnifiedInt8Config", "SbmConfig", "Bf16Config", "WageubnConfig", "WageubnSGD", "RECIPES", "OTHER_ENGINES", "from_name"]
 
+#: Every recipe ``prepare_`` and ``inttrain train`` run, by name: the baselines first.
 RECIPES: dict[str, type[RecipeConfig]] = {
     "fp32": Fp32Config,
     "int8": Int8MixedConfig,
@@ -28,6 +29,15 @@ RECIPES: dict[str, type[RecipeConfig]] = {
     "unified-int8": UnifiedInt8Config,
     "sbm": SbmConfig,
     "wageubn": WageubnConfig,
+}
+
+#: Recipes with their own engine instead of float master weights and autograd (not ``prepare_`` recipes),
+#: with how to train them; ``inttrain train`` refuses them with this text.
+OTHER_ENGINES: dict[str, str] = {
+    "integer-only": "trains integer master weights with its own integer SGD, which this trainer (float optimizers "
+                    "and autograd) does not run; train it with the Python API (inttrain.recipes.integer_only.convert "
+                    "+ inttrain.integer_only.train_epoch) or `python -m inttrain.micro train MODEL.json DATA.npz`, "
+                    "then `inttrain export`",
 }
 
 

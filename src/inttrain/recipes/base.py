@@ -1,15 +1,44 @@
-"""What every recipe config provides: a name, a seed, and a precision for each layer it converts."""
+"""What every recipe provides: one frozen config object that owns the recipe's whole behaviour.
+
+A recipe config says how a model is converted (:meth:`RecipeConfig.precision_for`, :meth:`~RecipeConfig.hooks_for`,
+:meth:`~RecipeConfig.layer_filter`, :meth:`~RecipeConfig.convert_norms_`; :func:`inttrain.prepare_` calls them),
+how it trains (:meth:`~RecipeConfig.autocast`, :meth:`~RecipeConfig.optimizer_for`,
+:meth:`~RecipeConfig.step_hook`), what it checkpoints (:meth:`~RecipeConfig.training_state`) and what it
+reports (:meth:`~RecipeConfig.report`).  The trainer and the CLI call only these, so a plain PyTorch loop
+trains the same method as ``inttrain train``::
+
+    recipe = inttrain.get_config("unified-int8")
+    inttrain.prepare_(model, recipe)                  # GEMM layers and the recipe's BatchNorm
+    opt = recipe.optimizer_for(model, "sgd", lr=0.1)  # the recipe's optimizer (or its parameter groups)
+    before_step = recipe.step_hook(opt)               # e.g. DCLR's per-layer lr scaling
+    for x, y in data:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        before_step()
+        opt.step()
+
+Adding a recipe = one file with a subclass, registered in :data:`inttrain.recipes.RECIPES`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from ..optim import DEFAULT_MOMENTUM, build_optimizer
 from ..spec import LayerPrecision
 
-__all__ = ["RecipeConfig", "LayerHooks"]
+__all__ = ["RecipeConfig", "LayerHooks", "BASE_LR_KEY", "no_step_hook", "layer_hook_state", "load_layer_hook_state"]
+
+#: Parameter-group key holding the lr a recipe's step hook scales per group (set it, not ``lr``, to change
+#: the base of such a group: the trainer's lr schedule does).  The name is the one checkpoints already hold.
+BASE_LR_KEY = "dclr_base_lr"
 
 
 class LayerHooks:
@@ -26,16 +55,45 @@ class LayerHooks:
         return dy
 
 
+def no_step_hook() -> None:
+    """The step hook of a recipe that does nothing around the optimizer step."""
+
+
+def layer_hook_state(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """``state_dict()`` of every layer's recipe hooks that have one (by module name; plain values only)."""
+    return {name: m.hooks.state_dict() for name, m in model.named_modules()
+            if callable(getattr(getattr(m, "hooks", None), "state_dict", None))}
+
+
+def load_layer_hook_state(model: nn.Module, state: dict[str, dict[str, Any]]) -> None:
+    """Put back what :func:`layer_hook_state` saved; ValueError if the model lacks a saved layer."""
+    modules = dict(model.named_modules())
+    missing = sorted(n for n in state if not callable(getattr(getattr(modules.get(n), "hooks", None), "load_state_dict", None)))
+    if missing:
+        raise ValueError(f"checkpoint has recipe layer state for layers the model lacks: {', '.join(missing)}")
+    for name, value in state.items():
+        modules[name].hooks.load_state_dict(value)
+
+
 @dataclass(frozen=True)
 class RecipeConfig:
     """Base of the frozen per-recipe configs applied by :func:`inttrain.prepare_`.
 
     Subclasses set ``name`` and override :meth:`precision_for`; returning ``None`` leaves a layer in float.
+    Every other method has the plain behaviour as its default (no norm swap, no autocast, the named torch
+    optimizer, no step hook, per-layer hook state only).
     """
 
     name = "base"
+    #: Trainer optimizer names this recipe trains with (None: any of :data:`inttrain.optim.OPTIMIZER_NAMES`),
+    #: and how its update is named in messages when that is limited.
+    optimizers: ClassVar[tuple[str, ...] | None] = None
+    update_rule: ClassVar[str] = "any optimizer"
+    #: (paper, what runs in integer arithmetic, what stays float): what ``inttrain recipes show`` prints.
+    facts: ClassVar[tuple[str, str, str]] = ("", "", "")
     seed: int = 0
 
+    # ------------------------------------------------------------------ conversion (inttrain.prepare_)
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
         raise NotImplementedError
 
@@ -48,5 +106,49 @@ class RecipeConfig:
         return None
 
     def converts_layers(self) -> bool:
-        """False for float baselines (fp32), which leave the model untouched."""
+        """False for float baselines (fp32, bf16), which leave the model untouched."""
         return True
+
+    def convert_norms_(self, model: nn.Module) -> nn.Module:
+        """Swap ``model``'s BatchNorm layers for the recipe's own, in place (default: keep them)."""
+        return model
+
+    def with_bits(self, bits: int) -> RecipeConfig:
+        """This config with its bit width set to ``bits`` (``inttrain train --bits``); ValueError if it has none."""
+        if not self.converts_layers():
+            raise ValueError(f"recipe {self.name!r} has no bit width; use an integer recipe such as int8")
+        if "bits" not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(f"recipe {self.name!r} has no bits field")
+        return dataclasses.replace(self, bits=bits)
+
+    # ------------------------------------------------------------------ training
+    def autocast(self, device: str | torch.device = "cpu") -> contextlib.AbstractContextManager[Any]:
+        """The context the forward pass runs in (default: none)."""
+        return contextlib.nullcontext()
+
+    def optimizer_for(self, model: nn.Module, optimizer: str = "sgd", lr: float = 0.05, *,
+                      momentum: float = DEFAULT_MOMENTUM, weight_decay: float = 0.0, nesterov: bool = False,
+                      lr_scaling: bool = True) -> torch.optim.Optimizer:
+        """The optimizer this recipe trains the prepared ``model`` with.
+
+        ``optimizer``: sgd, adam or adamw (:func:`inttrain.optim.build_optimizer`, with ``momentum``,
+        ``weight_decay``, ``nesterov``). ``lr_scaling=False`` turns off a recipe's per-layer lr scaling.
+        The first parameter group always has the base ``lr``.
+        """
+        return build_optimizer(optimizer, model.parameters(), lr, momentum, weight_decay, nesterov)
+
+    def step_hook(self, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+        """What to call right before every ``optimizer.step()`` of an optimizer from :meth:`optimizer_for`."""
+        return no_step_hook
+
+    def training_state(self, model: nn.Module) -> dict[str, Any]:
+        """The recipe's state of ``model`` that checkpoints need beyond its state_dict and the optimizer's."""
+        return layer_hook_state(model)
+
+    def load_training_state(self, model: nn.Module, state: dict[str, Any]) -> None:
+        """Put back :meth:`training_state` (ValueError if ``model`` lacks a saved layer)."""
+        load_layer_hook_state(model, state)
+
+    def report(self, model: nn.Module) -> dict[str, float]:
+        """Numbers the recipe reports about a trained ``model`` (default: none)."""
+        return {}

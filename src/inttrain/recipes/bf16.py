@@ -38,6 +38,8 @@ class Bf16Config(RecipeConfig):
     """
 
     name = "bf16"
+    facts = ("none (torch.autocast)", "nothing",
+             "everything; matmuls and convolutions in bfloat16 under autocast, float32 master weights")
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
         return None

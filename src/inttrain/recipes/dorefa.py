@@ -25,8 +25,8 @@ transforms themselves are float32 elementwise passes (as in the paper's own GPU 
 Differences from the paper:
 
 - the signed GEMM formats spend one extra bit (``k + 1``) because the codes above are odd integers or
-  non-negative; Linear layers therefore accept ``k`` up to 15 (codes beyond 8 bits run exactly on int8
-  kernels via the int16 split) and Conv2d layers, whose kernels are int8-only, ``k`` up to 7;
+  non-negative; layers therefore accept ``k`` up to 15 (codes beyond 8 bits, e.g. the default k = 8,
+  run exactly on int8 kernels via the int16 split, for Linear and Conv2d alike);
 - 1-bit weights (the paper's Eq. 7, ``sign(w) * E|w|``) and 1-bit activations are not offered: k >= 2;
 - the gradient noise is drawn from inttrain's counter-based hash (reproducible), and ``q_k``'s argument is
   clipped to ``[0, 1]`` as in the authors' tensorpack code;
@@ -38,6 +38,7 @@ Differences from the paper:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
@@ -46,12 +47,15 @@ from torch import nn
 
 from ..numerics.hashing import uniform_from_counter
 from ..spec import GemmPrecision, LayerPrecision, PerTensor, QuantSpec, UnsupportedFormatError
+from ..spec.capabilities import GEMM_BITS
 from ..spec.formats import IntFormat
 from .base import LayerHooks, RecipeConfig
 
 __all__ = ["DoReFaConfig", "quantize_k", "dorefa_weight", "dorefa_activation", "dorefa_gradient"]
 
-MIN_K, MAX_K_LINEAR, MAX_K_CONV = 2, 15, 7
+# k-bit DoReFa codes need k + 1-bit signed GEMM codes (spec.capabilities.GEMM_BITS), for every layer kind.
+MIN_K, MAX_K_LINEAR = GEMM_BITS[0], GEMM_BITS[1] - 1
+MAX_K_CONV = MAX_K_LINEAR
 
 
 def _ste_round(v: torch.Tensor) -> torch.Tensor:
@@ -111,17 +115,19 @@ class DoReFaConfig(RecipeConfig):
             Linear, 2..7 for Conv2d; see the module docstring for why); ``g_bits=None`` keeps gradients
             float32 (the dx and dW GEMMs then run in float, as in the paper's "32-bit gradient" rows).
         first_last_float: keep the first and last Linear/Conv2d of the model in float32 (paper Sec. 2.7).
-        conv_bits: the most bits a Conv2d layer takes: Conv2d layers run ``min(k, conv_bits)`` for each of
-            w/a/g, so the defaults (k = 8) work on convolutions, which run k = 7 (a warning says so).
-            ``None``: no clamping; a Conv2d then refuses k > 7.
+        conv_bits: optionally fewer bits for Conv2d layers: they run ``min(k, conv_bits)`` for each of w/a/g
+            (a warning says so). ``None`` (default): convolutions run the requested k, as Linear layers do.
     """
 
     name = "dorefa"
+    facts = ("Zhou et al. 2016, DoReFa-Net, arXiv:1606.06160",
+             "the three GEMMs, on the paper's k-bit codes of weights, activations and gradients",
+             "the tanh/clip/normalise/noise transforms (element-wise), master weights, first and last layer")
     w_bits: int = 8
     a_bits: int = 8
     g_bits: int | None = 8
     first_last_float: bool = True
-    conv_bits: int | None = MAX_K_CONV
+    conv_bits: int | None = None
 
     def __post_init__(self) -> None:
         for field_name in ("w_bits", "a_bits", "g_bits"):
@@ -130,12 +136,16 @@ class DoReFaConfig(RecipeConfig):
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or not MIN_K <= v <= MAX_K_LINEAR:
                 raise UnsupportedFormatError(
-                    f"dorefa {field_name}={v!r}: allowed {MIN_K} to {MAX_K_LINEAR} bits for Linear layers,"
-                    f" {MIN_K} to {MAX_K_CONV} for Conv2d (int8 conv kernels), g_bits may also be None (float gradients)"
+                    f"dorefa {field_name}={v!r}: allowed {MIN_K} to {MAX_K_LINEAR} bits for Linear and Conv2d layers,"
+                    f" g_bits may also be None (float gradients)"
                 )
         c = self.conv_bits
         if c is not None and (not isinstance(c, int) or isinstance(c, bool) or not MIN_K <= c <= MAX_K_CONV):
             raise UnsupportedFormatError(f"dorefa conv_bits={c!r}: allowed {MIN_K} to {MAX_K_CONV} or None (no clamping)")
+
+    def with_bits(self, bits: int) -> DoReFaConfig:
+        """DoReFa has no single width: ``bits`` sets the weight, activation and gradient k alike."""
+        return dataclasses.replace(self, w_bits=bits, a_bits=bits, g_bits=bits)
 
     def layer_bits(self, module: nn.Module) -> tuple[int, int, int | None]:
         """(w, a, g) bits ``module`` runs: Conv2d layers clamped to ``conv_bits``."""
@@ -146,19 +156,10 @@ class DoReFaConfig(RecipeConfig):
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
         w_bits, a_bits, g_bits = self.layer_bits(module)
-        bits = [w_bits, a_bits] + ([g_bits] if g_bits is not None else [])
-        if isinstance(module, nn.Conv2d) and max(bits) > MAX_K_CONV:
-            raise UnsupportedFormatError(
-                f"dorefa layer {fqn!r}: Conv2d allows {MIN_K} to {MAX_K_CONV} bits (k-bit DoReFa codes need k+1-bit"
-                f" signed GEMM codes and integer convolutions are int8-only), got w/a/g = "
-                f"{self.w_bits}/{self.a_bits}/{self.g_bits}; keep the layer float with filter_fn, lower the bits "
-                f"or leave conv_bits at {MAX_K_CONV}"
-            )
         if (w_bits, a_bits, g_bits) != (self.w_bits, self.a_bits, self.g_bits):
             warnings.warn(f"dorefa: Conv2d layers run k = {w_bits}/{a_bits}/{g_bits} (w/a/g) instead of "
-                          f"{self.w_bits}/{self.a_bits}/{self.g_bits}: integer convolutions take at most "
-                          f"{MAX_K_CONV}-bit DoReFa codes (conv_bits); Linear layers keep the requested k",
-                          UserWarning, stacklevel=2)
+                          f"{self.w_bits}/{self.a_bits}/{self.g_bits} (conv_bits={self.conv_bits}); Linear layers "
+                          "keep the requested k", UserWarning, stacklevel=2)
         w = QuantSpec(IntFormat(w_bits + 1), PerTensor(), fixed_amax=1.0)
         a = QuantSpec(IntFormat(a_bits + 1), PerTensor(), fixed_amax=1.0)
         if g_bits is None:

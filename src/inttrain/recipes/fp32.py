@@ -17,6 +17,7 @@ class Fp32Config(RecipeConfig):
     """Plain float32 training: the reference every recipe is compared against."""
 
     name = "fp32"
+    facts = ("none (the baseline)", "nothing", "everything: float32 weights, activations, gradients")
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
         return None

@@ -17,7 +17,7 @@ any torch optimizer.  Scales (Eq. ``s = amax / 127``):
   the weight-gradient's output gradient one scale per output channel.
 
 Differences from the papers: no gradient clipping search (that is the ``unified-int8`` recipe);
-``bits`` > 8 runs Linear GEMMs exactly on int8 kernels by splitting int16 codes into halves.
+``bits`` > 8 runs Linear and Conv2d GEMMs exactly on int8 kernels by splitting int16 codes into halves.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..spec import GemmPrecision, LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
-from ..spec.formats import MAX_BITS, MIN_BITS, IntFormat
+from ..spec import GemmPrecision, LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding
+from ..spec.formats import IntFormat
 from .base import RecipeConfig
 
 __all__ = ["Int8MixedConfig"]
@@ -38,7 +38,7 @@ class Int8MixedConfig(RecipeConfig):
     """Config of the ``int8`` recipe.
 
     Args:
-        bits: code width of weights and activations (2..8 for Conv2d; up to 16 for Linear).
+        bits: code width of weights and activations (2..16; past 8 bits as exact int8 halves).
         grad_bits: code width of output gradients (defaults to ``bits``).
         grad_rounding: rounding of output gradients (``Rounding.STOCHASTIC`` is unbiased).
         per_channel: per-row/per-channel scales as described above; False gives one scale per tensor.
@@ -47,6 +47,10 @@ class Int8MixedConfig(RecipeConfig):
     """
 
     name = "int8"
+    facts = ("int8 mixed precision: Zhu et al. CVPR 2020 Sec. 3; torchao's int8 mixed-precision training; "
+             "SwitchBack (Wortsman et al. 2023)",
+             "the three GEMMs of every Linear/Conv2d (int8 x int8 -> int32)",
+             "master weights and optimizer (any torch optimizer), scales, element-wise ops, normalization, loss")
     bits: int = 8
     grad_bits: int | None = None
     grad_rounding: Rounding = Rounding.NEAREST_EVEN
@@ -67,11 +71,6 @@ class Int8MixedConfig(RecipeConfig):
         b, gb = self.bits, self.grad_bits or self.bits
         w, g = (lambda pc: self._spec(b, pc)), (lambda pc: self._spec(gb, pc, self.grad_rounding))
         is_conv = isinstance(module, nn.Conv2d)
-        if is_conv and max(b, gb) > 8:
-            raise UnsupportedFormatError(
-                f"layer {fqn!r}: integer Conv2d supports {MIN_BITS} to 8 bits, got {max(b, gb)}"
-                f" (Linear layers accept up to {MAX_BITS})"
-            )
         act = not is_conv  # conv activations/gradients entering a reduction are per tensor
         return LayerPrecision(
             forward=GemmPrecision(w(act), w(True)),

@@ -7,8 +7,7 @@ NeurIPS 2018.
   for the weight-gradient GEMM ``dW = dy^T x`` (which feeds the update only);
 - **stochastic rounding** of the gradients (Sec. 5), unbiased;
 - **Range Batch Normalization** (Sec. 4, Eq. 4-5): :class:`inttrain.nn.range_bn.RangeBatchNorm2d`;
-  swap a model's BatchNorm2d with :func:`inttrain.nn.range_bn.use_range_bn_` (``prepare_`` only converts
-  Linear/Conv2d layers; the trainer and ``inttrain train --recipe sbm`` do the swap).
+  ``prepare_(model, "sbm")`` swaps every BatchNorm2d for it (:meth:`SbmConfig.convert_norms_`).
 
 What is integer arithmetic: all three GEMMs.  The 16-bit ``dW`` GEMM is exact on int8 kernels: for
 Linear each int16 code is split into two int8 halves (``kernels.matmul.split_int16``); for Conv2d the
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from ..nn.range_bn import use_range_bn_
 from ..spec import LayerPrecision, Rounding, UnsupportedFormatError
 from ..spec.formats import MAX_BITS, MIN_BITS, IntFormat
 from .base import RecipeConfig
@@ -47,6 +47,9 @@ class SbmConfig(RecipeConfig):
     """
 
     name = "sbm"
+    facts = ("Banner et al., Scalable Methods for 8-bit Training of Neural Networks, NeurIPS 2018",
+             "the three GEMMs; the 16-bit weight-gradient GEMM exactly on int8 kernels (int16 split)",
+             "Range BatchNorm arithmetic (simulated in float32), master weights")
     bits: int = 8
     grad_bits: int = 8
     wgrad_bits: int = 16
@@ -57,6 +60,10 @@ class SbmConfig(RecipeConfig):
             v = getattr(self, field_name)
             if not isinstance(v, int) or isinstance(v, bool) or not MIN_BITS <= v <= hi:
                 raise UnsupportedFormatError(f"sbm {field_name}={v!r}: allowed {MIN_BITS} to {hi}")
+
+    def convert_norms_(self, model: nn.Module) -> nn.Module:
+        """Range BN (Sec. 4) in place of every BatchNorm2d."""
+        return use_range_bn_(model)
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
         low = Int8MixedConfig(bits=self.bits, grad_bits=self.grad_bits, grad_rounding=self.grad_rounding)

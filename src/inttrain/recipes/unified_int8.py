@@ -42,7 +42,8 @@ from torch import nn
 
 from ..spec import LayerPrecision, PerTensor, Rounding, UnsupportedFormatError
 from ..spec.formats import MIN_BITS, IntFormat
-from .base import LayerHooks, RecipeConfig
+from ..optim import DEFAULT_MOMENTUM, build_optimizer
+from .base import BASE_LR_KEY, LayerHooks, RecipeConfig
 from .int8_mixed import Int8MixedConfig
 
 __all__ = [
@@ -169,12 +170,12 @@ class DeviationCounteractiveLR:
         self.optimizer, self.alpha, self.beta = optimizer, alpha, beta
         self.states: list[DSGCState | None] = [group.pop("dsgc", None) for group in optimizer.param_groups]
         for group in optimizer.param_groups:
-            group.setdefault("dclr_base_lr", group["lr"])
+            group.setdefault(BASE_LR_KEY, group["lr"])
 
     def step(self) -> None:
         for group, state in zip(self.optimizer.param_groups, self.states):
             if state is not None:
-                group["lr"] = group["dclr_base_lr"] * deviation_lr_scale(state.deviation, self.alpha, self.beta)
+                group["lr"] = group[BASE_LR_KEY] * deviation_lr_scale(state.deviation, self.alpha, self.beta)
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,9 @@ class UnifiedInt8Config(RecipeConfig):
     """
 
     name = "unified-int8"
+    facts = ("Zhu et al., Towards Unified INT8 Training for Convolutional Neural Network, CVPR 2020",
+             "the three GEMMs (int8 x int8 -> int32)",
+             "direction-sensitive gradient clipping search, deviation-counteractive LR scaling, master weights")
     bits: int = 8
     clip_ratios: tuple[float, ...] = DEFAULT_RATIOS
     search_every: int = 100
@@ -215,3 +219,24 @@ class UnifiedInt8Config(RecipeConfig):
 
     def hooks_for(self, module: nn.Module, fqn: str) -> DSGCState:
         return DSGCState(self.bits, self.clip_ratios, self.search_every)
+
+    def optimizer_for(self, model: nn.Module, optimizer: str = "sgd", lr: float = 0.05, *,
+                      momentum: float = DEFAULT_MOMENTUM, weight_decay: float = 0.0, nesterov: bool = False,
+                      lr_scaling: bool = True) -> torch.optim.Optimizer:
+        """DCLR's parameter groups (one per DSGC layer, the unscaled rest first) unless ``lr_scaling=False``."""
+        options = dict(momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+        groups = dclr_param_groups(model) if lr_scaling else []
+        groups.sort(key=lambda g: "dsgc" in g)  # the unscaled rest first (stable: layer order kept)
+        if not any("dsgc" in g for g in groups):
+            return build_optimizer(optimizer, model.parameters(), lr, **options)
+        return build_optimizer(optimizer, groups, lr, **options)
+
+    def step_hook(self, optimizer: torch.optim.Optimizer):
+        """DCLR (Eq. 10) for an optimizer with DSGC groups (from :meth:`optimizer_for`); else nothing."""
+        if not any("dsgc" in g for g in optimizer.param_groups):
+            return super().step_hook(optimizer)
+        return DeviationCounteractiveLR(optimizer, self.alpha, self.beta).step
+
+    def report(self, model: nn.Module) -> dict[str, float]:
+        """The DSGC search cost (:func:`search_cost`)."""
+        return {f"dsgc_{k}": v for k, v in search_cost(model).items()}

@@ -24,10 +24,10 @@ bit shift.  Mapping onto inttrain:
   The paper keeps 24-bit weights for the update path and 8 bits for the forward (as here: the GEMMs
   requantize the 24-bit master to 8 bits); the 16-bit momentum width is our recollection — flag it.
 - **BN**: :class:`inttrain.nn.quant_bn.QuantBatchNorm2d` (8-bit normalized output, gamma, beta and
-  output; float32 statistics).  ``prepare_`` converts only Linear/Conv2d, so swap the BN layers with
-  :func:`inttrain.nn.quant_bn.use_quant_bn_` (or build the model with ``QuantBatchNorm2d``).  The trainer and
-  ``inttrain train --recipe wageubn`` do both: WageubnSGD (momentum 0.9; other optimizers are refused) and
-  the BN swap; WageubnSGD's step counter is part of its ``state_dict`` (exact resume).
+  output; float32 statistics).  ``prepare_(model, "wageubn")`` swaps every BatchNorm2d for it
+  (:meth:`WageubnConfig.convert_norms_`); :meth:`WageubnConfig.optimizer_for` gives WageubnSGD (other
+  optimizers are refused), as ``inttrain train --recipe wageubn`` uses; WageubnSGD's step counter is part
+  of its ``state_dict`` (exact resume).
 
 What is integer arithmetic: the three GEMM products (real int8 kernels, int32 accumulation).  The G/U
 quantizers and the BN quantizers are exact fixed-point values held in float32 tensors (a simulation:
@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..nn.quant_bn import pow2_quantize
+from ..nn.quant_bn import pow2_quantize, use_quant_bn_
 from ..numerics.hashing import mix_seed
 from ..spec import GemmPrecision, LayerPrecision, PerTensor, QuantSpec, Rounding, ScaleKind, UnsupportedFormatError
 from ..spec.formats import IntFormat
@@ -163,6 +163,13 @@ class WageubnConfig(RecipeConfig):
     """
 
     name = "wageubn"
+    facts = ("Yang et al., Training high-performance and large-scale deep neural networks with full 8-bit "
+             "integers, Neural Networks 2020 (WAGEUBN)",
+             "the three GEMMs with power-of-two scales; weight gradients, momentum and update on fixed-point "
+             "grids (8/16/24 bits)",
+             "BN statistics (its output, gamma and beta are 8-bit), the float32 tensors holding the grids")
+    optimizers = ("sgd",)
+    update_rule = "its own quantized SGD"
     bits: int = 8
     e_rounding: Rounding = Rounding.NEAREST_EVEN
     g_rounding: Rounding = Rounding.NEAREST_EVEN
@@ -183,6 +190,21 @@ class WageubnConfig(RecipeConfig):
         err = QuantSpec(IntFormat(self.bits), PerTensor(), self.e_rounding, ScaleKind.POW2)
         return LayerPrecision(forward=GemmPrecision(spec, spec), grad_input=GemmPrecision(err, spec),
                               grad_weight=GemmPrecision(err, spec))
+
+    def convert_norms_(self, model: nn.Module) -> nn.Module:
+        """8-bit BN (:class:`~inttrain.nn.quant_bn.QuantBatchNorm2d`) in place of every BatchNorm2d."""
+        return use_quant_bn_(model)
+
+    def optimizer_for(self, model: nn.Module, optimizer: str = "sgd", lr: float = 0.05, *, momentum: float = 0.9,
+                      weight_decay: float = 0.0, nesterov: bool = False, lr_scaling: bool = True) -> WageubnSGD:
+        """WageubnSGD over ``model`` (momentum and weight decay apply; other optimizers and nesterov are refused)."""
+        if optimizer != "sgd":
+            raise ValueError(f"recipe 'wageubn' trains with its quantized SGD (WageubnSGD); optimizer {optimizer!r} "
+                             "is not allowed: use sgd")
+        if nesterov:
+            raise ValueError("recipe 'wageubn' trains with its quantized SGD (WageubnSGD), which has no nesterov "
+                             "momentum: use --no-nesterov")
+        return self.optimizer(model.parameters(), lr, momentum=momentum, weight_decay=weight_decay)
 
     def optimizer(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0) -> WageubnSGD:
         """A :class:`WageubnSGD` with this config's widths and seed."""

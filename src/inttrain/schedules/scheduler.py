@@ -48,7 +48,7 @@ def set_model_bits(model: Any, forward_bits: int, grad_bits: int,
                    include: Callable[[str, Any], bool] | None = None) -> int:
     """Set the bits of every prepared layer (``include(name, module)`` filters); returns how many changed.
 
-    A layer's own check (``_validate``, e.g. ``QConv2d`` takes at most 8 bits) runs before assignment and
+    A layer's own check (``_validate``, e.g. a per-channel activation scale on a ``QConv2d``) runs before assignment and
     raises ``ValueError`` for unsupported widths.
     """
     changed = 0

@@ -8,23 +8,31 @@ from .loop import (
     NonFiniteLossError,
     RunResult,
     TrainHooks,
+    TrainOptions,
+    Trainer,
     TrainState,
     build_optimizer,
     evaluate,
     evaluate_metrics,
     train,
 )
+from .callbacks import Callback
+from .step import StepOutcome, train_step
 from .checkpoint import CheckpointError, checkpoint_paths, load_checkpoint, save_checkpoint
-from .recipes import FLOAT_RECIPES, apply_recipe
+from .recipes import apply_recipe
 
 __all__ = [
     "OPTIMIZER_NAMES",
-    "FLOAT_RECIPES",
     "EpochStats",
     "NonFiniteLossError",
     "RunResult",
     "TrainHooks",
     "TrainState",
+    "TrainOptions",
+    "Trainer",
+    "Callback",
+    "StepOutcome",
+    "train_step",
     "CheckpointError",
     "checkpoint_paths",
     "load_checkpoint",

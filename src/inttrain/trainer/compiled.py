@@ -18,35 +18,41 @@ from torch import nn
 __all__ = ["CompiledForward", "auto_compile"]
 
 
-def auto_compile(converts_layers: bool, dataflow: bool, distributed: bool) -> tuple[bool, str]:
+def auto_compile(converts_layers: bool, distributed: bool) -> tuple[bool, str]:
     """Whether ``inttrain train`` compiles by default, and why (the default follows what measured fastest).
 
-    Integer layers compile (measured 1.3-1.4x faster than their eager step on the MLP and ResNet-20 rows of
-    benchmarks/speed.py); float recipes gain little; int8 dataflow (tensor subclass between layers) and
-    data-parallel runs do not compile yet.  ``INTTRAIN_COMPILE=0`` in the environment turns it off.
+    Integer layers compile, int8 dataflow included (measured 1.3-1.4x faster than their eager step on the
+    MLP and ResNet-20 rows of benchmarks/speed.py); float recipes gain little; data-parallel runs do not
+    compile yet.  ``INTTRAIN_COMPILE=0`` in the environment turns it off.
     """
     if os.environ.get("INTTRAIN_COMPILE", "1") in ("0", "false", "no"):
         return False, "INTTRAIN_COMPILE=0"
     if not converts_layers:
         return False, "float recipe"
-    if dataflow:
-        return False, "int8 dataflow does not compile yet"
     if distributed:
         return False, "data-parallel runs do not compile yet"
     return True, "integer layers"
 
 
 class CompiledForward:
-    """``model(x)`` through ``torch.compile(model)``; eager from the first failure on (one logged message)."""
+    """``model(x)`` through ``torch.compile(model)``; eager from the first failure on (one logged message).
 
-    def __init__(self, model: nn.Module, log: Callable[[str], Any]) -> None:
+    ``eager_calls``: run this many first calls eagerly (a BitOPs counter learns the step's GEMMs from
+    an eager step, then counts compiled ones by replay: :class:`inttrain.cost.BitOpsCounter`).
+    """
+
+    def __init__(self, model: nn.Module, log: Callable[[str], Any], eager_calls: int = 0) -> None:
         self.model, self.log = model, log
         self.compiled = torch.compile(model)
         self.failed = False
         self.first = True
+        self.eager_calls = eager_calls
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.failed:
+            return self.model(x)
+        if self.eager_calls > 0:
+            self.eager_calls -= 1
             return self.model(x)
         if not self.first:
             return self.compiled(x)

@@ -1,7 +1,7 @@
-"""How the trainer applies a recipe, through the public API only.
+"""How the trainer applies a recipe: through the public API and the recipe object's own methods only.
 
-"fp32" is plain float training, "bf16" is CPU/GPU autocast done here, and every
-other recipe is handed to ``inttrain.prepare_`` (which swaps the GEMM layers).
+Every recipe, the float ones included, is a :class:`inttrain.recipes.RecipeConfig`: ``prepare_`` converts
+the model (a no-op for fp32 and bf16) and the config gives the autocast, optimizer, step hook and state.
 """
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["FLOAT_RECIPES", "apply_recipe", "autocast_for"]
+__all__ = ["apply_recipe", "autocast_for", "get_recipe"]
 
-#: Recipes the trainer implements itself, without ``prepare_``.
-FLOAT_RECIPES: tuple[str, ...] = ("fp32", "bf16")
+
+def get_recipe(recipe: Any) -> Any:
+    """The :class:`~inttrain.recipes.RecipeConfig` for a name or config."""
+    import inttrain  # lazy: the integer layers are only loaded when a run uses them
+
+    return inttrain.get_config(recipe)
 
 
 def apply_recipe(model: nn.Module, recipe: Any, dataflow: bool = False) -> None:
@@ -23,20 +27,14 @@ def apply_recipe(model: nn.Module, recipe: Any, dataflow: bool = False) -> None:
 
     ``dataflow``: int8 activations between layers (see :func:`inttrain.prepare_`).
     """
-    if isinstance(recipe, str) and recipe in FLOAT_RECIPES:
-        if dataflow:
-            raise ValueError(f"dataflow needs an integer recipe; {recipe!r} trains in float")
-        return
-    import inttrain  # lazy: the integer layers are only loaded when a run uses them
+    import inttrain
 
-    inttrain.prepare_(model, recipe, dataflow=dataflow)
-    from .recipe_training import swap_norms_
-
-    swap_norms_(model, recipe)  # wageubn: 8-bit BN, sbm: Range BN
+    cfg = get_recipe(recipe)
+    if dataflow and not cfg.converts_layers():
+        raise ValueError(f"dataflow needs an integer recipe; {cfg.name!r} trains in float")
+    inttrain.prepare_(model, cfg, dataflow=dataflow)
 
 
-def autocast_for(recipe: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The autocast context for a forward pass under ``recipe``."""
-    if recipe == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def autocast_for(recipe: Any, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The autocast context for a forward pass under ``recipe`` (a name or config)."""
+    return get_recipe(recipe).autocast(device)
