@@ -35,7 +35,7 @@ from inttrain.recipes.fractrain_dfq import DFQConfig, attach_dfq, forward_cost_r
 from inttrain.schedules import CPT, PFQ, PrecisionScheduler, model_bits
 from inttrain.trainer import TrainHooks, train
 
-POLICIES = ("static8", "cpt", "pfq", "dfq", "fractrain")
+POLICIES = ("static8", "cpt", "pfq", "dfq", "fractrain", "dfq-batch", "fractrain-batch")
 
 
 class BitsLog(TrainHooks):
@@ -54,7 +54,10 @@ def subset(ds: TensorDataset, n: int | None) -> TensorDataset:
 
 
 def make_scheduler(policy: str, model: Any, args: argparse.Namespace, total: int) -> Any:
-    dfq = DFQConfig(target_cost=args.target_cost, cost_weight=args.cost_weight, seed=args.seed)
+    # dfq / fractrain: per-sample gates (the default); *-batch: one decision per layer and batch.
+    dfq = DFQConfig(target_cost=args.target_cost, cost_weight=args.cost_weight, seed=args.seed,
+                    per_sample=not policy.endswith("-batch"))
+    policy = policy.removesuffix("-batch")
     if policy == "static8":
         return None
     if policy == "cpt":
@@ -195,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         + "".join(f" ({r['policy']}: stage switches at steps {r['switch_steps']})" for r in rows
                   if r["policy"] in ("pfq", "fractrain"))
         + f". DFQ: gate options 4/6/8, 8 gradient bits, target {args.target_cost}, cost weight {args.cost_weight}; "
-        "one decision per layer per batch, sampled (straight-through Gumbel-softmax) while training, so the mean "
-        "bits in the plot jump from step to step. fractrain: PFQ's stage caps the DFQ options and sets the "
+        "dfq / fractrain decide per input sample (each gated layer runs one integer call per width present), "
+        "dfq-batch / fractrain-batch one decision per layer per batch; sampled (straight-through Gumbel-softmax) "
+        "while training, so the mean bits in the plot jump from step to step. fractrain: PFQ's stage caps the DFQ options and sets the "
         "gradient bits. One seed, one run each: accuracy differences of a few points are within run-to-run noise "
         "at this budget.",
         "", "![bits per step](bits.png)", "",

@@ -67,6 +67,24 @@ def test_plot(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert capsys.readouterr().err.startswith(f"error: RUN_DIR: '{tmp_path}': no metrics.jsonl")
 
 
+def test_plot_overlays_runs(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Several runs: one set of plots with a line per run, in --out (or plots/ of the common parent); a bad
+    run folder among them is refused before anything is written."""
+    import shutil
+
+    other = tmp_path / "runs" / "b"
+    shutil.copytree(run, tmp_path / "runs" / "a")
+    shutil.copytree(run, other)
+    assert main(["plot", str(tmp_path / "runs" / "a"), str(other)]) == 0
+    names = sorted(p.name for p in (tmp_path / "runs" / "plots").iterdir())
+    assert names == ["accuracy.png", "loss.png", "lr.png", "val_loss.png"]
+    assert main(["plot", str(run), str(other), "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert main(["plot", str(run), str(tmp_path / "none"), "--out", str(tmp_path / "p")]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err and not (tmp_path / "p").exists()
+
+
 def test_compare_table_math() -> None:
     rows = _rows({
         "fp32": {"val_accuracy": 0.9, "seconds_per_epoch": 2.0, "time_per_step": 0.01, "peak_rss_mb": 400.0},
@@ -92,6 +110,12 @@ def test_compare_end_to_end(tmp_path: Path) -> None:
     assert float(rows[0]["val_accuracy"]) > 0.5 and float(rows[0]["speed_vs_fp32"]) == 1.0
     assert "| fp32 |" in (out / "compare.md").read_text() and (out / "compare.png").is_file()
     assert (out / "fp32" / "checkpoints" / "last.safetensors").is_file()
+    # Progress while it runs: the run's epoch line is echoed before the final table.
+    lines = r.stdout.splitlines()
+    assert lines[0] == "== [1/1] fp32"
+    epoch = next(i for i, line in enumerate(lines) if line.startswith("  fp32: epoch 1/1  train_loss"))
+    table = lines.index("| recipe | val acc | gap to fp32 | s/epoch | speed vs fp32 | ms/step | peak RSS MiB |")
+    assert 0 < epoch < table
 
 
 def test_compare_validates_all_recipes_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

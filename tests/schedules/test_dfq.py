@@ -138,23 +138,27 @@ def test_cap_schedule_limits_bits_and_sets_grad_bits() -> None:
         dfq.step(1.0)
 
 
-def test_state_dict_resume_is_exact(digits) -> None:
+@pytest.mark.parametrize("per_sample", [True, False])
+def test_state_dict_resume_is_exact(digits, per_sample: bool) -> None:
     """Snapshot after 10 steps (model incl. gates, optimizer, controller with its cap schedule, the layers'
     stochastic-rounding call counters, as a checkpoint holds them); a fresh model loading it and training
-    10 more steps ends bit-identical to the uninterrupted run (weights, gates and controller state)."""
+    10 more steps ends bit-identical to the uninterrupted run (weights, gates and controller state).
+    Per sample: the resumed steps really split batches by width (some layer ran two or more widths)."""
     from inttrain.trainer.rng import layer_calls, set_layer_calls
 
     x, y = digits
     cap = lambda: Steps([(0, (4, 8)), (12, (8, 8))])  # noqa: E731
     a = _cnn()
-    da = attach_dfq(a, DFQConfig(target_cost=0.4), cap=cap())
+    da = attach_dfq(a, DFQConfig(target_cost=0.4, per_sample=per_sample), cap=cap())
     opt_a = _train(a, da, x, y, 10)
     snap = copy.deepcopy((a.state_dict(), opt_a.state_dict(), da.state_dict(), layer_calls(a)))
     assert any(k.endswith("dfq_gate.fc.weight") for k in snap[0])
     _train(a, da, x, y, 10, start=10, opt=opt_a)
+    mixed = max(len(c) for c in da.last_counts.values())
+    assert mixed >= 2 if per_sample else mixed == 1
 
     b = _cnn(seed=5)  # another init: everything must come from the snapshot
-    db = attach_dfq(b, DFQConfig(target_cost=0.4), cap=cap())
+    db = attach_dfq(b, DFQConfig(target_cost=0.4, per_sample=per_sample), cap=cap())
     opt_b = torch.optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
     b.load_state_dict(snap[0])
     opt_b.load_state_dict(snap[1])

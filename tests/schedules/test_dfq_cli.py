@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from inttrain.cli.app import main
+from inttrain.trainer.run_folder import read_metrics
 
 from schedule_run_utils import BASE, resumed_equals_uninterrupted
 
@@ -23,6 +24,21 @@ def test_dfq_resume_is_bit_identical(tmp_path: Path, sched: list[str]) -> None:
     if "dfq" in sched:
         assert steps[-1][4] < 8 and {r[5] for r in steps} == {8}
     assert main(["eval", str(b)]) == 0  # the gates are rebuilt from the saved config and load
+    # Per-sample DFQ (the default): per-layer shares of the chosen widths in every row, the same after resume.
+    dists = [[r["dfq_bits"] for r in read_metrics(run) if r["kind"] == "step"] for run in (tmp_path / "a", b)]
+    assert dists[0] == dists[1] and len(dists[1]) == 22
+    assert all(abs(sum(s.values()) - 1) < 1e-5 for d in dists[1] for s in d.values())
+    assert any(len(s) > 1 for d in dists[1] for s in d.values())  # samples of one batch at different widths
+    assert main(["plot", str(b)]) == 0 and (b / "plots" / "dfq_bits.png").stat().st_size > 1000
+
+
+def test_batch_level_dfq_from_the_cli(tmp_path: Path) -> None:
+    """``schedule_dfq_per_sample=false``: one width per layer and batch (every share is 1.0)."""
+    out = tmp_path / "r"
+    assert main([*BASE, "--schedule", "dfq", "--set", "schedule_dfq_per_sample=false", "--max-steps", "4",
+                 "--out", str(out)]) == 0
+    rows = [r for r in read_metrics(out) if r["kind"] == "step"]
+    assert len(rows) == 4 and all(list(s.values()) == [1.0] for r in rows for s in r["dfq_bits"].values())
 
 
 @pytest.mark.parametrize("sets, message", [

@@ -255,14 +255,17 @@ def recipes_show(name: Annotated[str, typer.Argument(help="Recipe name (see `int
 
 
 @app.command("plot")
-def plot_cmd(run_dir: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
-    """Loss, accuracy and lr curves to RUN_DIR/plots/*.png.
+def plot_cmd(
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR", help="Run folder(s); several are overlaid.")],
+    out: Annotated[Optional[Path], typer.Option(help="Folder of the overlaid plots \\[default: plots/ in the runs' common parent].")] = None,
+) -> None:
+    """Loss, accuracy and lr curves to RUN_DIR/plots/*.png; several runs overlaid, one line per run.
 
-    Example: inttrain plot runs/digits-int8
+    Example: inttrain plot runs/digits-int8 runs/digits-fp32 --out runs/plots
     """
-    from .plot import plot_run
+    from .plot import plot_runs
 
-    for path in plot_run(run_dir):
+    for path in plot_runs(run_dirs, out):
         typer.echo(str(path))
 
 

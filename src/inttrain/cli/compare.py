@@ -2,7 +2,8 @@
 
 Each recipe trains in its own process (``inttrain train`` into OUT/<recipe>),
 so peak RSS (``resource.getrusage``) is that recipe's alone and no state leaks
-between runs. Results go to compare.csv, compare.md and compare.png.
+between runs; each run's lines (one per epoch) are echoed while it trains. Results go to compare.csv,
+compare.md (the table, also printed) and compare.png (bars with their values, accuracy curves).
 """
 
 from __future__ import annotations
@@ -61,41 +62,82 @@ def format_markdown(rows: list[dict[str, Any]], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+def _plot(rows: list[dict[str, Any]], path: Path, out: Path) -> None:
+    """Bars of final val accuracy and seconds per epoch with their values written on them, and each recipe's
+    val accuracy per epoch (final value at the line's end)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.5))
+    from inttrain.trainer.run_folder import read_metrics
+
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(13, 4))
     names = [r["recipe"] for r in rows]
-    a1.bar(names, [r["val_accuracy"] or 0 for r in rows])
-    a1.set(title="val accuracy", ylim=(0, 1))
-    a2.bar(names, [r["seconds_per_epoch"] or 0 for r in rows])
+    bars = a1.bar(names, [r["val_accuracy"] or 0 for r in rows])
+    a1.bar_label(bars, labels=[_fmt("val_accuracy", r["val_accuracy"]) for r in rows], fontsize=8)
+    a1.set(title="final val accuracy", ylim=(0, 1.1))
+    bars = a2.bar(names, [r["seconds_per_epoch"] or 0 for r in rows])
+    a2.bar_label(bars, labels=[
+        "-" if r["seconds_per_epoch"] is None else f"{r['seconds_per_epoch']:.2f} s"
+        + ("" if r["speed_vs_fp32"] is None else f"\n{r['speed_vs_fp32']:.2f}x fp32") for r in rows], fontsize=8)
     a2.set(title="seconds / epoch")
+    a2.margins(y=0.2)
+    for name in names:
+        pts = [(r["epoch"], r["val_accuracy"]) for r in read_metrics(out / name)
+               if r.get("kind") == "epoch" and isinstance(r.get("val_accuracy"), (int, float))]
+        if pts:
+            (line,) = a3.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=name)
+            a3.annotate(f"{pts[-1][1]:.4f}", pts[-1], textcoords="offset points", xytext=(4, 0), fontsize=8,
+                        color=line.get_color(), va="center")
+    a3.set(title="val accuracy per epoch", xlabel="epoch")
+    a3.margins(x=0.15)
+    if a3.lines:
+        a3.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
+def _train_one(cmd: list[str], recipe: str) -> tuple[int, str]:
+    """Run one ``inttrain train``, echoing its lines (epochs, done) as they come; (exit code, last stderr line)."""
+    import os
+    import tempfile
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the child's lines as they are written, not at its exit
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip():
+                typer.echo(f"  {recipe}: {line.rstrip()}")
+        code = proc.wait()
+        err.seek(0)
+        last = (err.read().strip().splitlines() or ["(no message)"])[-1]
+    return code, last
+
+
 def run_compare(recipes: list[str], train_args: list[str], out: Path, title: str) -> int:
-    """Train each recipe into ``out/<recipe>``; write the tables; exit code 1 if any run failed."""
+    """Train each recipe into ``out/<recipe>`` (progress echoed); write the tables; exit code 1 if any run failed."""
+    import time
+
     from .run import check_out
 
     check_out(out)
     out.mkdir(parents=True)
     summaries: dict[str, dict[str, Any] | None] = {}
-    for recipe in recipes:
-        typer.echo(f"== {recipe}")
+    for i, recipe in enumerate(recipes, 1):
+        typer.echo(f"== [{i}/{len(recipes)}] {recipe}")
+        t0 = time.perf_counter()
         cmd = [sys.executable, "-m", "inttrain", "train", *train_args, "--recipe", recipe, "--out", str(out / recipe)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-            typer.echo(f"  {recipe} failed (exit {proc.returncode}): {last}", err=True)
+        code, last = _train_one(cmd, recipe)
+        if code != 0:
+            typer.echo(f"  {recipe} failed (exit {code}): {last}", err=True)
             summaries[recipe] = None
             continue
         summaries[recipe] = json.loads((out / recipe / "summary.json").read_text())
-        typer.echo(f"  val_acc {_fmt('val_accuracy', summaries[recipe]['val_accuracy'])}")
+        typer.echo(f"  {recipe}: val_acc {_fmt('val_accuracy', summaries[recipe]['val_accuracy'])} "
+                   f"({time.perf_counter() - t0:.0f} s)")
     rows = _rows(summaries)
     with open(out / "compare.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -103,7 +145,7 @@ def run_compare(recipes: list[str], train_args: list[str], out: Path, title: str
         w.writerows(rows)
     md = format_markdown(rows, title)
     (out / "compare.md").write_text(md)
-    _plot(rows, out / "compare.png")
+    _plot(rows, out / "compare.png", out)
     typer.echo(md)
     typer.echo(f"wrote {out / 'compare.csv'}, {out / 'compare.md'}, {out / 'compare.png'}")
     return 1 if any(s is None for s in summaries.values()) else 0

@@ -99,6 +99,8 @@ class RunConfig:
     schedule_dfq_bits: str = opt("4,6,8", "dfq: the gate's bit options.", cli=False)
     schedule_target_cost: float = opt(0.5, "dfq: target forward BitOPs relative to static 8-bit.", cli=False)
     schedule_cost_weight: float = opt(5.0, "dfq: weight of the squared cost regulariser.", cli=False)
+    schedule_dfq_per_sample: bool = opt(True, "dfq: each sample's gate picks its bits (false: one choice per batch).",
+                                        cli=False)
     # Data parallel (issue 8): batch_size stays the global batch: each of the nproc ranks trains on
     # batch_size / nproc rows.
     nproc: int = opt(1, "Data-parallel processes on this machine (gloo, 127.0.0.1); --batch-size is the global "

@@ -1,4 +1,5 @@
-"""``inttrain plot RUN_DIR``: loss, accuracy and lr curves from metrics.jsonl to RUN_DIR/plots/*.png.
+"""``inttrain plot RUN_DIR [RUN_DIR ...]``: loss, accuracy and lr curves from metrics.jsonl to RUN_DIR/plots/*.png;
+several runs overlaid in one set of plots (one line per run, final values written on the plot).
 
 matplotlib is imported here only (with the Agg backend: no display needed),
 so the rest of the CLI starts without it.
@@ -11,7 +12,7 @@ from typing import Any
 
 from .errors import UsageProblem
 
-__all__ = ["plot_run", "load_rows"]
+__all__ = ["plot_run", "plot_runs", "load_rows"]
 
 
 _NUMBERS = ("loss", "val_accuracy", "lr", "val_loss")
@@ -61,20 +62,7 @@ def load_rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_run(run_dir: Path) -> list[Path]:
-    """Write loss.png, accuracy.png and lr.png; returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = load_rows(run_dir)
-    steps = [r for r in rows if r["kind"] == "step" and r.get("loss") is not None]
-    epochs = [r for r in rows if r["kind"] == "epoch"]
-    out = run_dir / "plots"
-    out.mkdir(exist_ok=True)
-    written = []
-
+def _saver(plt: Any, out: Path, written: list[Path]) -> Any:
     def save(fig: Any, name: str) -> None:
         import os
 
@@ -87,6 +75,29 @@ def plot_run(run_dir: Path) -> list[Path]:
             tmp.unlink(missing_ok=True)
             plt.close(fig)
         written.append(out / name)
+
+    return save
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """Write loss.png, accuracy.png and lr.png (and dfq_bits.png for a per-sample DFQ run); returns their paths."""
+    plt = _pyplot()
+    rows = load_rows(run_dir)
+    steps = [r for r in rows if r["kind"] == "step" and r.get("loss") is not None]
+    epochs = [r for r in rows if r["kind"] == "epoch"]
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    written: list[Path] = []
+    save = _saver(plt, out, written)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=1, label="train loss (step)")
@@ -107,9 +118,115 @@ def plot_run(run_dir: Path) -> list[Path]:
     ax.plot([r["step"] for r in rows if r.get("lr") is not None], [r["lr"] for r in rows if r.get("lr") is not None])
     ax.set(xlabel="step", ylabel="learning rate", title=f"{run_dir.name}: lr")
     save(fig, "lr.png")
+
     probe = probe_figure(run_dir)
     if probe is not None:
         save(probe, "probe.png")
+    dfq = [(r["step"], d) for r in rows if r["kind"] == "step" and (d := _dfq_shares(r.get("dfq_bits")))]
+    if dfq:
+        save(_dfq_figure(plt, dfq, run_dir.name), "dfq_bits.png")
+    return written
+
+
+def _dfq_shares(value: Any) -> dict[str, dict[int, float]] | None:
+    """A row's ``dfq_bits`` ({layer: {bits: share}}, per-sample DFQ) if well formed, else None."""
+    import math
+
+    if not isinstance(value, dict) or not value:
+        return None
+    out: dict[str, dict[int, float]] = {}
+    for layer, shares in value.items():
+        if not isinstance(shares, dict) or not shares:
+            return None
+        try:
+            out[str(layer)] = {int(b): float(v) for b, v in shares.items()}
+        except (TypeError, ValueError):
+            return None
+        if not all(math.isfinite(v) and 0 <= v <= 1 for v in out[str(layer)].values()):
+            return None
+    return out
+
+
+def _dfq_figure(plt: Any, dfq: list[tuple[int, dict[str, dict[int, float]]]], title: str) -> Any:
+    """Left: per layer, the share of samples at each width over the logged steps; right: mean bits per layer."""
+    layers = list(dict.fromkeys(name for _, d in dfq for name in d))
+    widths = sorted({b for _, d in dfq for s in d.values() for b in s})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    bottom = [0.0] * len(layers)
+    for b in widths:
+        share = [sum(d.get(n, {}).get(b, 0.0) for _, d in dfq) / len(dfq) for n in layers]
+        left.bar(range(len(layers)), share, bottom=bottom, label=f"{b}-bit")
+        for i, v in enumerate(share):
+            if v >= 0.08:
+                left.text(i, bottom[i] + v / 2, f"{v:.0%}", ha="center", va="center", fontsize=7)
+        bottom = [a + v for a, v in zip(bottom, share)]
+    left.set_xticks(range(len(layers)), layers, rotation=60, ha="right", fontsize=7)
+    left.set(ylabel="share of samples (mean over logged steps)", title=f"{title}: DFQ chosen bits per layer")
+    left.legend(fontsize=7)
+    for n in layers:
+        pts = [(step, sum(b * v for b, v in d[n].items()) / max(sum(d[n].values()), 1e-12)) for step, d in dfq if n in d]
+        right.plot([p[0] for p in pts], [p[1] for p in pts], lw=1, label=n)
+    right.set(xlabel="step", ylabel="mean forward bits", title="per-layer mean bits")
+    if len(layers) <= 12:
+        right.legend(fontsize=6)
+    return fig
+
+
+def _overlay_out(run_dirs: list[Path], out: Path | None) -> Path:
+    import os
+
+    if out is None:
+        parent = Path(os.path.commonpath([str(p.resolve()) for p in run_dirs]))
+        out = parent / "plots"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageProblem("--out", f"{str(out)!r}: cannot create the plot folder ({e.strerror or e})") from None
+    return out
+
+
+def _labels(run_dirs: list[Path]) -> list[str]:
+    names = [p.name or str(p) for p in run_dirs]
+    return names if len(set(names)) == len(names) else [str(p) for p in run_dirs]
+
+
+def plot_runs(run_dirs: list[Path], out: Path | None = None) -> list[Path]:
+    """One run: :func:`plot_run`.  Several: loss.png, accuracy.png and lr.png with one line per run (labelled by
+    folder name, each final value written at its line's end) in ``out`` (default: ``plots/`` in the runs'
+    common parent folder); returns the paths."""
+    if len(run_dirs) == 1 and out is None:
+        return plot_run(run_dirs[0])
+    all_rows = [load_rows(d) for d in run_dirs]  # every run checked before anything is written
+    out = _overlay_out(run_dirs, out)
+    plt = _pyplot()
+    written: list[Path] = []
+    save = _saver(plt, out, written)
+    labels = _labels(run_dirs)
+
+    def curves(name: str, ylabel: str, pick: Any, fmt: str) -> None:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, rows in zip(labels, all_rows):
+            pts = pick(rows)
+            if not pts:
+                continue
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if len(pts) < 30 else "-", lw=1,
+                              ms=3, label=label)
+            ax.annotate(fmt.format(pts[-1][1]), pts[-1], textcoords="offset points", xytext=(4, 0),
+                        fontsize=8, color=line.get_color(), va="center")
+        ax.margins(x=0.12)  # room for the final values
+        ax.set(xlabel="step", ylabel=ylabel, title=f"{ylabel}: {len(run_dirs)} runs")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        save(fig, name)
+
+    def epoch_values(key: str) -> Any:
+        return lambda rows: [(r["step"], r[key]) for r in rows if r["kind"] == "epoch" and r.get(key) is not None]
+
+    curves("loss.png", "train loss (epoch mean)", epoch_values("loss"), "{:.3f}")
+    curves("val_loss.png", "val loss", epoch_values("val_loss"), "{:.3f}")
+    curves("accuracy.png", "val accuracy", epoch_values("val_accuracy"), "{:.4f}")
+    curves("lr.png", "learning rate",
+           lambda rows: [(r["step"], r["lr"]) for r in rows if r["kind"] == "step" and r.get("lr") is not None], "{:.3g}")
     return written
 
 

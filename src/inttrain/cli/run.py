@@ -297,7 +297,9 @@ def run_training(p: Prepared, folder: Any, resume_from: Any = None, dp: Any = No
         if counter is None:
             return {}
         bits = p.scheduler.bits if p.scheduler is not None else model_bits(p.model)
-        return {"forward_bits": bits[0], "grad_bits": bits[1], "gbitops": round(counter.bitops / 1e9, 6)}
+        dist = getattr(p.scheduler, "bit_distribution", None)  # DFQ: per-layer shares of the chosen widths
+        return {"forward_bits": bits[0], "grad_bits": bits[1], "gbitops": round(counter.bitops / 1e9, 6),
+                **({"dfq_bits": dist()} if dist is not None else {})}
 
     folder.extra = extra
     folder.data_info = data_info(p.splits)
@@ -654,6 +656,8 @@ def _use_compile(cfg: RunConfig, p: Any, dp: Any) -> bool:
     """``--compile/--no-compile``, or the measured-fastest default (inttrain.trainer.compiled.auto_compile)."""
     if cfg.compile is not None:
         return cfg.compile
+    if cfg.schedule in ("dfq", "fractrain"):  # gate choices per step: graph breaks and recompiles, no gain measured
+        return False
     from inttrain.api import get_config
     from inttrain.trainer.compiled import auto_compile
 

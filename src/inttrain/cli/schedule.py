@@ -68,7 +68,8 @@ def build_schedule(cfg: RunConfig, n_train: int) -> Any:
             from inttrain.recipes.fractrain_dfq import DFQConfig
 
             dfq = DFQConfig(parse_bits(cfg.schedule_dfq_bits), cfg.schedule_target_cost, cfg.schedule_cost_weight,
-                            grad_bits=cfg.schedule_grad_bits, seed=cfg.seed)
+                            grad_bits=cfg.schedule_grad_bits, seed=cfg.seed,
+                            per_sample=cfg.schedule_dfq_per_sample)
             if cfg.schedule == "dfq":
                 return dfq
             return dfq, S.PFQ(threshold=cfg.schedule_threshold, window=cfg.schedule_window)

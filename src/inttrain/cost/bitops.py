@@ -9,7 +9,8 @@ hardware whose multipliers scale with operand width.
 :class:`BitOpsCounter` hooks every ``QLinear`` / ``QConv2d`` (forward hooks; the backward GEMMs through a
 gradient hook on the layer output) and accumulates, per layer and per GEMM (``forward``, ``grad_input``,
 ``grad_weight``), the MACs and BitOPs of every call, with the bits of the layer's precision at the time of
-the forward.  The input-gradient GEMM is counted only when the layer input requires a gradient (the
+the forward; a layer run per sample (``sample_groups``, per-sample DFQ) counts each width's rows at their own
+bits (expected cost = mean over the samples).  The input-gradient GEMM is counted only when the layer input requires a gradient (the
 autograd functions skip it otherwise, e.g. for the first layer), the weight-gradient GEMM only when the
 weight does.  Float GEMMs (``integer=False``) count as 32 x 32.
 
@@ -214,20 +215,25 @@ class BitOpsCounter:
             if self.training_only and not module.training:  # evaluation passes are not training cost
                 return
             x = args[0]
-            p: LayerPrecision = module.precision
             macs = gemm_macs(module, x.shape, output.shape)
-            self._count(name, module, "forward", macs, _gemm_bits(p.forward))
+            # Per-sample precision: each group of rows counts its share of the MACs at its own bits.
+            groups = getattr(module, "sample_groups", None)
+            n = int(x.shape[0]) if x.dim() else 1
+            parts: list[tuple[int, LayerPrecision]] = (
+                [(macs, module.precision)] if groups is None else [(macs * int(idx.numel()) // n, p) for idx, p in groups])
+            for m, p in parts:
+                self._count(name, module, "forward", m, _gemm_bits(p.forward))
             if not (torch.is_grad_enabled() and output.requires_grad):
                 return
             need_dx = bool(x.requires_grad)
             need_dw = bool(module.weight.requires_grad)
-            bits_dx, bits_dw = _gemm_bits(p.grad_input), _gemm_bits(p.grad_weight)
 
             def on_grad(g: torch.Tensor) -> None:
-                if need_dx:
-                    self._count(name, module, "grad_input", macs, bits_dx)
-                if need_dw:
-                    self._count(name, module, "grad_weight", macs, bits_dw)
+                for m, p in parts:
+                    if need_dx:
+                        self._count(name, module, "grad_input", m, _gemm_bits(p.grad_input))
+                    if need_dw:
+                        self._count(name, module, "grad_weight", m, _gemm_bits(p.grad_weight))
 
             output.register_hook(on_grad)
 

@@ -19,6 +19,7 @@ from ..autograd.qactivation import dequantize_if_quantized
 from ..autograd.relu import relu_int8_mask
 from ..numerics.hashing import advance_seeds, mix_seed, mix_seed_tensor
 from ..spec import LayerPrecision
+from .per_sample import run_per_sample
 
 __all__ = ["QLinear", "QConv2d", "IntLayerMixin", "MaskReLU"]
 
@@ -38,6 +39,9 @@ class IntLayerMixin:
     layer_id: int
     #: Dataflow (set by ``prepare_(..., dataflow=True)``): conv outputs leave as int8 QActivations.
     dataflow: bool = False
+    #: Per-sample precision (set before each forward by per-sample DFQ): ``[(rows, LayerPrecision), ...]``,
+    #: the batch split by width and run as one integer call per width (:mod:`inttrain.nn.per_sample`).
+    sample_groups = None
 
     @classmethod
     def convert(cls, module: nn.Module, precision: LayerPrecision, seed: int = 0, layer_id: int = 0):
@@ -102,6 +106,9 @@ class QLinear(IntLayerMixin, nn.Linear):
         if self.hooks is not None:  # a recipe's float transform of the input: the int8 input becomes float
             x = dequantize_if_quantized(x)
         x, w, hook = _apply_hooks(self, x)
+        if self.sample_groups is not None:  # per-sample bits: one integer GEMM per width present, float output
+            return run_per_sample(self, dequantize_if_quantized(x), self.sample_groups,
+                                  lambda xg, p, s: int_linear(xg, w, self.bias, p, s, grad_hook=hook))
         return int_linear(x, w, self.bias, self.precision, self._next_seeds(), grad_hook=hook,
                           emit_int8=self.dataflow)
 
@@ -127,6 +134,9 @@ class QConv2d(IntLayerMixin, nn.Conv2d):
         if self.hooks is not None:  # a recipe's float transform of the input: the int8 input becomes float
             x = dequantize_if_quantized(x)
         x, w, hook = _apply_hooks(self, x)
+        if self.sample_groups is not None:  # per-sample bits: one integer convolution per width present
+            return run_per_sample(self, dequantize_if_quantized(x), self.sample_groups,
+                                  lambda xg, p, s: int_conv2d(xg, w, self.bias, geom, p, s, grad_hook=hook))
         return int_conv2d(x, w, self.bias, geom, self.precision, self._next_seeds(), grad_hook=hook,
                           emit_int8=self.dataflow)
 
@@ -150,7 +160,7 @@ def restore_module(module: nn.Module) -> nn.Module:
         module.__class__ = nn.ReLU
     if isinstance(module, IntLayerMixin):
         module.__class__ = module.float_class
-        for attr in ("precision", "seed", "layer_id", "hooks", "dataflow"):
+        for attr in ("precision", "seed", "layer_id", "hooks", "dataflow", "sample_groups"):
             module.__dict__.pop(attr, None)
         module._buffers.pop("sr_calls", None)
     return module

@@ -9,45 +9,52 @@ temporal schedule raises the precision during training, DFQ decides below it.
 
 What runs here (our design; the paper gives the idea, not these formulas):
 
-- **gate**: per gated ``QLinear`` / ``QConv2d`` a float ``nn.Linear(C_in, K)`` on the input averaged over
-  the batch (and the spatial positions of a conv input), detached from the backbone: ``K`` logits, one per
-  bit option ``b_1 < ... < b_K`` (default 4, 6, 8).  Zero-initialised weights, biases favouring the
-  highest option by ``init_logit`` (training starts near static 8-bit).
-- **choice**: training draws a hard one-hot choice with the straight-through Gumbel-softmax
-  (``soft = softmax((logits + g) / tau)``, ``g`` Gumbel noise from a counter-based seed, a pure function of
-  (seed, step, layer)); evaluation takes ``argmax(logits)``.  The chosen ``b_k`` becomes the forward-GEMM
-  bits of the layer's :class:`~inttrain.spec.LayerPrecision` (both operands, via
-  :func:`inttrain.schedules.with_bits`), so the real int8 kernels run the layer at that width; gradient bits
-  are ``grad_bits`` (or PFQ's backward bits in the combined policy).  The layer output is multiplied by
-  ``1 + soft_k - stopgrad(soft_k)`` (exactly 1.0 in value), which passes the task-loss gradient
-  ``<dL/dy, y>`` to the gate.
-- **cost regulariser**: with ``MAC_l`` the layer's forward MACs and ``p_l = softmax(logits_l)`` (the
-  probabilities of the sampled choice), the expected forward BitOPs relative to static 8-bit is
-  ``E = sum_l MAC_l sum_k p_lk b_k^2 / (64 sum_l MAC_l)``; the objective gets ``cost_weight * (E - target_cost)^2``.
-  The term is added to the autograd graph at the model output (a function that returns the output
-  unchanged and sends gradient 1 to the term), so any training loop that calls ``loss.backward()`` trains
-  the gates with it, and the logged loss stays the task loss.
+- **gate**: per gated ``QLinear`` / ``QConv2d`` a float ``nn.Linear(C_in, K)`` on each sample's input
+  averaged over its spatial positions (conv) or its other non-feature dims (Linear), detached from the
+  backbone: ``K`` logits per sample, one per bit option ``b_1 < ... < b_K`` (default 4, 6, 8).
+  Zero-initialised weights, biases favouring the highest option by ``init_logit`` (training starts near
+  static 8-bit).
+- **choice, per sample** (``per_sample=True``, the default): training draws a hard one-hot choice per sample
+  with the straight-through Gumbel-softmax (``soft = softmax((logits + g) / tau)``, ``g`` Gumbel noise from a
+  counter-based seed, a pure function of (seed, step, layer)); evaluation takes each sample's
+  ``argmax(logits)``.  The layer gets ``sample_groups``: the batch rows grouped by chosen width, each with
+  its :class:`~inttrain.spec.LayerPrecision` (forward-GEMM operands at that width via
+  :func:`inttrain.schedules.with_bits`, gradient operands at ``grad_bits``), and runs one integer GEMM /
+  convolution per width present, forward and both backward GEMMs at that group's precision
+  (:mod:`inttrain.nn.per_sample`; one width present: the plain single call).  Each sample's output row
+  is passed on unchanged in value (factor ``1 + soft_n - stopgrad(soft_n)`` = 1.0), which sends the
+  task-loss gradient ``<dL/dy_n, y_n>`` to that sample's gate output.
+- **cost regulariser**: with ``MAC_l`` the layer's forward MACs and ``p_ln = softmax(logits_ln)`` (sample
+  ``n``'s probabilities), the expected forward BitOPs relative to static 8-bit is
+  ``E = sum_l MAC_l mean_n sum_k p_lnk b_k^2 / (64 sum_l MAC_l)`` (the expected cost is the mean over the
+  samples); the objective gets ``cost_weight * (E - target_cost)^2``.  The term is added to the autograd
+  graph at the model output (a function that returns the output unchanged and sends gradient 1 to the
+  term), so any training loop that calls ``loss.backward()`` trains the gates with it, and the logged loss
+  stays the task loss.  :class:`inttrain.cost.BitOpsCounter` counts each width's rows at their own bits.
+- **distribution**: :meth:`DFQController.bit_distribution` gives, per layer, the share of the last training
+  batch's samples at each width (``inttrain train`` logs it as ``dfq_bits`` in metrics.jsonl;
+  ``inttrain plot`` draws it).
 
-**Per batch, not per input.**  FracTrain decides per input sample.  Here one decision per layer is made per
-batch, from features pooled over the batch: a layer runs as one int8 GEMM / convolution call with one
-quantization spec for the whole batch, and a per-sample precision would need the batch split into one call
-per option.  The gate is therefore input-adaptive at batch granularity only (with batches drawn from one
-distribution the pooled features vary little, so it mostly learns a per-layer precision).
+**Batch-level mode** (``per_sample=False``): one choice per layer per batch from features pooled over the
+whole batch; the layer runs as one call.  With batches drawn from one distribution the pooled features vary
+little, so it mostly learns a per-layer precision.
 
 **Combined FracTrain policy**: pass a schedule (e.g. :class:`~inttrain.schedules.PFQ`) as ``cap``: its
 forward bits at the current step cap every option (``min(b_k, cap)``), its gradient bits are used for the
 backward GEMMs, and it is stepped with the loss like a :class:`~inttrain.schedules.PrecisionScheduler`.
 
-Cost: the gate is a float Linear on a pooled vector (``C_in x K`` MACs per layer per batch), not counted in
+Cost: the gate is a float Linear on pooled vectors (``C_in x K`` MACs per layer per sample), not counted in
 BitOPs.  As everywhere on this CPU, fewer bits than 8 do not run faster (they use the int8 kernels); the
-saving is the BitOPs measured by :class:`inttrain.cost.BitOpsCounter`.
+saving is the BitOPs measured by :class:`inttrain.cost.BitOpsCounter`.  Per-sample choices cost extra
+kernel calls (one per width present, each paying the integer path's per-call overhead) and one gather and
+one scatter of the layer's rows: see ``benchmarks/dfq_overhead.py`` and docs/precision.md.
 
 >>> import torch, inttrain
 >>> m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 >>> _ = inttrain.prepare_(m, "int8")
 >>> dfq = attach_dfq(m, DFQConfig(bits=(4, 6, 8), target_cost=0.5))
 >>> m(torch.randn(8, 16)).sum().backward()   # gates choose bits, regulariser in the graph
->>> dfq.step(1.0)
+>>> bits, grad_bits = dfq.step(1.0)   # mean forward bits of the last batch, gradient bits
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ class DFQConfig:
     squared cost regulariser (0: gates learn from the task loss only).  ``tau``: Gumbel-softmax temperature.
     ``grad_bits``: bits of the output-gradient operand of the backward GEMMs (without a ``cap`` schedule).
     ``init_logit``: initial bias of the highest option over the others.  ``seed``: of the Gumbel noise.
+    ``per_sample``: each sample's gate picks its own bits (FracTrain's DFQ); False: one choice per batch.
     """
 
     bits: Sequence[int] = (4, 6, 8)
@@ -88,6 +96,7 @@ class DFQConfig:
     grad_bits: int = 8
     init_logit: float = 2.0
     seed: int = 0
+    per_sample: bool = True
 
     def __post_init__(self) -> None:
         bits = tuple(self.bits)
@@ -106,6 +115,8 @@ class DFQConfig:
             raise ValueError(f"DFQ grad_bits must be an int in [2, 16], got {self.grad_bits!r}")
         if not math.isfinite(self.init_logit):
             raise ValueError(f"DFQ init_logit must be finite, got {self.init_logit!r}")
+        if not isinstance(self.per_sample, bool):
+            raise ValueError(f"DFQ per_sample must be true or false, got {self.per_sample!r}")
 
 
 class BitGate(nn.Module):
@@ -120,15 +131,21 @@ class BitGate(nn.Module):
             self.fc.bias[-1] = init_logit
 
     @staticmethod
-    def pool(x: torch.Tensor) -> torch.Tensor:
-        """Batch-level features: the mean over every dim but the channel one (dim 1 of NCHW, last of Linear)."""
+    def pool(x: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+        """Features: the mean over every dim but the channel one (dim 1 of NCHW, last of Linear), and the batch
+        dim too unless ``per_sample`` (then ``[N, C]``, one row per sample)."""
         x = x.detach().float()
+        if per_sample:
+            if x.ndim == 4:
+                return x.mean(dim=(2, 3))
+            return x.reshape(x.shape[0], -1, x.shape[-1]).mean(1)
         if x.ndim == 4:
             return x.mean(dim=(0, 2, 3))
         return x.reshape(-1, x.shape[-1]).mean(0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.pool(x))
+    def forward(self, x: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+        """Logits ``[K]`` (batch-level) or ``[N, K]`` (``per_sample``)."""
+        return self.fc(self.pool(x, per_sample))
 
 
 class _AddToLoss(torch.autograd.Function):
@@ -142,6 +159,36 @@ class _AddToLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return grad, torch.ones((), dtype=torch.float32, device=grad.device)
+
+
+def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``<a_n, b_n>`` per row of the batch dim, in float32.  Same layout, contiguous or channels-last: one
+    batched matrix product over the memory order (no elementwise temporary); otherwise multiply and sum."""
+    a, b = a.float(), b.float()
+    cl = a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last)
+    if a.stride() == b.stride() and (a.is_contiguous() or cl):
+        rows = (lambda t: t.permute(0, 2, 3, 1).reshape(t.shape[0], 1, -1)) if cl and not a.is_contiguous() else (
+            lambda t: t.reshape(t.shape[0], 1, -1))
+        return torch.bmm(rows(a), rows(b).transpose(1, 2)).reshape(-1)
+    return (a * b).sum(dim=tuple(range(1, a.ndim)))
+
+
+class _StraightThrough(torch.autograd.Function):
+    """``out * (1 + soft - stopgrad(soft))`` without the multiplies: returns ``out``'s values (the factor is
+    exactly 1.0) and sends ``soft`` the gradient ``<dL/dout, out>`` (per sample when ``soft`` is ``[N]``: summed over each
+    sample's row of the batch dim)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(out)
+        ctx.per_sample = soft.ndim == 1
+        # A copy, not a view: a view made in a Function may not be modified in place (ReLU(inplace=True) next).
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (out,) = ctx.saved_tensors
+        return grad, _row_dots(grad, out) if ctx.per_sample else _row_dots(grad, out).sum()
 
 
 def _macs(layer: nn.Module, out: torch.Tensor) -> int:
@@ -173,7 +220,8 @@ class DFQController:
             raise ValueError("DFQ needs a model with prepared integer layers (inttrain.prepare_ with an integer recipe)")
         self.last_step = 0
         self.expected_cost = float("nan")  # E of the last training forward (no grad)
-        self.last_bits: dict[str, int] = {}  # forward bits each layer chose in the last training forward
+        self.last_bits: dict[str, float] = {}  # forward bits each layer chose in the last training forward (mean
+        self.last_counts: dict[str, dict[int, int]] = {}  # over the samples when per sample) and how many each
         self._base = {n: m.precision for n, m in self.layers}
         self._cache: dict[tuple[str, int, int], Any] = {}
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor | None, int]] = {}
@@ -230,35 +278,62 @@ class DFQController:
         return round(mean, 3), grad
 
     # ------------------------------------------------------------------ hooks
+    def _choose(self, index: int, logits: torch.Tensor, training: bool) -> tuple[torch.Tensor, Any, Any]:
+        """(chosen option index per row of ``logits`` [..., K], probabilities or None, the chosen options' soft
+        values (for the straight-through factor) or None).  Training: hard straight-through Gumbel-softmax with noise a pure function of (seed, step, layer)."""
+        if not training:
+            return logits.argmax(-1), None, None
+        seed = mix_seed(self.config.seed, self.last_step, index, 0x6A7E)
+        gen = torch.Generator().manual_seed(seed)
+        u = torch.rand(logits.shape, generator=gen).clamp_(1e-10, 1 - 1e-7).to(logits.device)
+        soft = torch.softmax((logits - torch.log(-torch.log(u))) / self.config.tau, dim=-1)
+        k = soft.argmax(-1)
+        picked = soft.gather(-1, k.unsqueeze(-1)).squeeze(-1)
+        return k, torch.softmax(logits, dim=-1), picked
+
     def _pre_hook(self, index: int, name: str) -> Callable[..., None]:
         def hook(m: nn.Module, args: tuple) -> None:
-            logits = m.dfq_gate(args[0])
+            per_sample = self.config.per_sample
+            logits = m.dfq_gate(args[0], per_sample)
             options = self._effective()
-            if m.training and torch.is_grad_enabled():
-                seed = mix_seed(self.config.seed, self.last_step, index, 0x6A7E)
-                gen = torch.Generator().manual_seed(seed)
-                u = torch.rand(logits.shape, generator=gen).clamp_(1e-10, 1 - 1e-7).to(logits.device)
-                soft = torch.softmax((logits - torch.log(-torch.log(u))) / self.config.tau, dim=-1)
-                k = int(soft.argmax())
-                scale = 1 + (soft[k] - soft[k].detach())  # 1.0 exactly; straight-through gradient
-                self._pending[id(m)] = (torch.softmax(logits, dim=-1), scale, options[k])
-            else:
-                k = int(logits.argmax())
-                self._pending[id(m)] = (None, None, options[k])  # type: ignore[assignment]
-            m.precision = self._precision(name, m, options[k], self._grad_bits())
+            training = m.training and torch.is_grad_enabled()
+            k, probs, scale = self._choose(index, logits, training)
+            grad = self._grad_bits()
+            if not per_sample:
+                bits = options[int(k)]
+                m.precision = self._precision(name, m, bits, grad)
+                self._pending[id(m)] = (probs, scale, {bits: 1})
+                return
+            chosen = torch.tensor(options, device=k.device)[k]  # [N]: capped options may coincide
+            widths = torch.unique(chosen).tolist()  # ascending
+            counts: dict[int, int] = {}
+            groups = []
+            for b in widths:
+                rows = (chosen == b).nonzero().squeeze(1)
+                counts[int(b)] = int(rows.numel())
+                groups.append((rows, self._precision(name, m, int(b), grad)))
+            m.precision = groups[-1][1]  # the widest width present (what a reader of .precision sees)
+            # One width: the plain layer call (bit-identical to a batch-level choice of that width).
+            m.sample_groups = groups if len(groups) > 1 else None
+            self._pending[id(m)] = (probs, scale, counts)
 
         return hook
 
     def _post_hook(self, name: str) -> Callable[..., Any]:
         def hook(m: nn.Module, args: tuple, out: torch.Tensor) -> Any:
-            probs, scale, bits = self._pending.pop(id(m), (None, None, 0))
+            probs, scale, counts = self._pending.pop(id(m), (None, None, {}))
             if probs is None:
                 return None
             macs = _macs(m, out)
             self._macs[name] = macs
-            self.last_bits[name] = bits
+            n = sum(counts.values())
+            self.last_bits[name] = sum(b * c for b, c in counts.items()) / n
+            self.last_counts[name] = dict(counts)
             self._terms.append((macs, probs))
-            return out * scale
+            if type(out) is torch.Tensor:
+                return _StraightThrough.apply(out, scale)
+            factor = 1 + (scale - scale.detach())  # an int8 (dataflow) output: the plain multiply by 1.0
+            return out * (factor.reshape(-1, *([1] * (out.ndim - 1))) if factor.ndim else factor)
 
         return hook
 
@@ -268,10 +343,19 @@ class DFQController:
             return None
         cost = torch.tensor([b * b / 64 for b in self._effective()], dtype=torch.float32)
         total = sum(macs for macs, _ in terms)
-        expected = sum(macs * (p * cost.to(p.device)).sum() for macs, p in terms) / total
+        # Per sample: a layer's expected cost is the mean over the samples of each sample's expected cost.
+        expected = sum(macs * (p * cost.to(p.device)).sum(-1).mean() for macs, p in terms) / total
         self.expected_cost = float(expected.detach())
         term = self.config.cost_weight * (expected - self.config.target_cost) ** 2
         return _AddToLoss.apply(out, term)
+
+    def bit_distribution(self) -> dict[str, dict[int, float]]:
+        """Per layer, the fraction of the last training batch's samples that ran at each forward width."""
+        out = {}
+        for name, counts in self.last_counts.items():
+            n = sum(counts.values())
+            out[name] = {b: round(c / n, 6) for b, c in sorted(counts.items())}
+        return out
 
     # ------------------------------------------------------------------ schedule interface
     def step(self, loss: float | None = None) -> tuple[float, int]:
@@ -283,12 +367,15 @@ class DFQController:
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_step": self.last_step, "expected_cost": self.expected_cost, "last_bits": dict(self.last_bits),
+                "last_counts": {n: dict(c) for n, c in self.last_counts.items()},
                 "macs": dict(self._macs), "schedule": {} if self.cap is None else self.cap.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_step = int(state["last_step"])
         self.expected_cost = float(state.get("expected_cost", float("nan")))
-        self.last_bits = {str(k): int(v) for k, v in dict(state.get("last_bits", {})).items()}
+        self.last_bits = {str(k): float(v) for k, v in dict(state.get("last_bits", {})).items()}
+        self.last_counts = {str(n): {int(b): int(c) for b, c in dict(cs).items()}
+                            for n, cs in dict(state.get("last_counts", {})).items()}
         self._macs = {str(k): int(v) for k, v in dict(state.get("macs", {})).items()}
         if self.cap is not None:
             self.cap.load_state_dict(dict(state.get("schedule", {})))
@@ -298,6 +385,8 @@ class DFQController:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for _, m in self.layers:
+            m.sample_groups = None
 
 
 def attach_dfq(model: nn.Module, config: DFQConfig | None = None, cap: Schedule | None = None,
