@@ -26,6 +26,10 @@ from typing import Any
 __all__ = ["launch_local"]
 
 
+#: Seconds a rank that failed with the generic exit code 1 waits for a peer with a specific failure to exit.
+COLLATERAL_GRACE_S = 2.0
+
+
 def launch_local(args: list[str], nproc: int, timeout_s: float, echo: Callable[[str], Any] = print,
                  threads_per_rank: int | None = None, max_restarts: int = 0) -> int:
     """Run ``python -m inttrain *args`` as ranks 0..nproc-1; return the exit code for the whole run.
@@ -88,14 +92,20 @@ def _attempt(args: list[str], nproc: int, timeout_s: float, threads_per_rank: in
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
-            if first_failure is None:
-                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0) and not _by_signal(c, got)]
-                if bad:
-                    # Several ranks seen failed in one poll: the culprit exited first, and its peers then failed
-                    # in a collective with the generic exit code 1, so a rank with another code is named first.
-                    bad.sort(key=lambda rank_code: rank_code[1] == 1)
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0) and not _by_signal(c, got)]
+            if bad:
+                # The culprit's peers fail in a collective with the generic exit code 1, sometimes before the
+                # culprit's own exit is seen: a rank with another code is named first, even a poll later.
+                bad.sort(key=lambda rank_code: rank_code[1] == 1)
+                if first_failure is None:
                     first_failure = (*bad[0], time.monotonic())
-            if first_failure is not None and (kill_at_once or time.monotonic() - first_failure[2] > timeout_s + 10):
+                elif first_failure[1] == 1 and bad[0][1] != 1:
+                    first_failure = (*bad[0], first_failure[2])
+            # Killing at once still leaves a generic failure (code 1) a moment for its culprit to exit.
+            grace = COLLATERAL_GRACE_S if first_failure is not None and first_failure[1] == 1 else 0.0
+            if first_failure is not None and (
+                    (kill_at_once and time.monotonic() - first_failure[2] >= grace)
+                    or time.monotonic() - first_failure[2] > timeout_s + 10):
                 for r, p in enumerate(procs):
                     if p.poll() is None:
                         p.kill()
