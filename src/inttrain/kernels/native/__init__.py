@@ -27,7 +27,8 @@ __all__ = ["NativeLibrary", "LIBRARY", "available", "conv2d_weight_grad_int"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
-_FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-std=c11")
+# -fopenmp: the parallel sections run on torch's OpenMP team (libgomp.so.1, already loaded by torch)
+_FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fopenmp", "-std=c11")
 
 
 def _cache_dirs() -> list[Path]:
