@@ -28,8 +28,8 @@ defaults and the job row names the knobs it did not get (``knobs_missing``), so 
 with full-budget ones in the report (it groups by the settings).
 
 Variants: ``fp32``, ``bf16``, ``int8``, ``int8-dataflow`` (int8 activations between layers), ``unified-int8``,
-``sbm``, ``wageubn``, ``dorefa-8`` (k = 8; convolutions run k = 7, the largest DoReFa code the integer conv
-takes, with the library's warning), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
+``sbm``, ``wageubn``, ``dorefa-8`` (k = 8 on every converted layer: a k-bit DoReFa value is a 9-bit GEMM code,
+which the convolutions take as two exact int8 halves), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
 cycles, gradients 8 bits) and ``integer-only`` (its own engine, ``inttrain.recipes.integer_only``: a model
 ``convert`` cannot take is recorded as ``skipped`` with the converter's reason).
 """
@@ -512,7 +512,7 @@ def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st:
         "(jobs ran side by side, one per core).",
         "Weight decay applies to every parameter (the trainer's SGD); wageubn trains with its own quantized SGD "
         "(WageubnSGD: momentum, no nesterov).",
-        "dorefa-8: k = 8 for Linear layers, 7 for convolutions (the integer convolutions' limit); first and last "
+        "dorefa-8: k = 8 on every converted layer (9-bit GEMM codes, as two exact int8 halves); first and last "
         "layer float (the paper's setting). cpt-3-8: int8 recipe, CPT forward bits 3..8 over 32 cycles, "
         "gradients 8 bits.",
     ]
