@@ -195,3 +195,17 @@ def test_signal_saves_last_and_exits(tmp_path: Path, signum: int) -> None:
     state = torch.load(run / "checkpoints/last.state.pt", weights_only=True)
     steps = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert state["train_state"]["step"] == max(steps) >= 3
+
+
+def test_weight_grad_rounding_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _train(tmp_path / "r", "--recipe", "int8", "--weight-grad-rounding", "sr") == 2
+    assert _err(capsys) == "error: --weight-grad-rounding: 'sr': expected nearest or stochastic"
+    assert _train(tmp_path / "r", "--weight-grad-rounding", "stochastic") == 2
+    assert _err(capsys) == ("error: --weight-grad-rounding: stochastic: recipe 'fp32' has no weight-gradient "
+                            "rounding choice; use int8")
+    assert not (tmp_path / "r").exists()
+    run = tmp_path / "wsr"
+    assert _train(run, "--recipe", "int8", "--weight-grad-rounding", "stochastic", "--bits", "6",
+                  "--max-steps", "2") == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert (saved["weight_grad_rounding"], saved["bits"]) == ("stochastic", 6)

@@ -44,6 +44,9 @@ class RunConfig:
                                flags=("--data-dir", "--data-path"))
     recipe: str = opt("fp32", "fp32, bf16, or an inttrain recipe such as int8.")
     bits: int | None = opt(None, "Override the integer recipe's bit width.")
+    weight_grad_rounding: str | None = opt(None, "int8: rounding of the output gradient in the weight-gradient GEMM "
+                                                 "only: nearest or stochastic (default: the recipe's).",
+                                           default_text="recipe's")
     epochs: int = opt(5, "Number of epochs.")
     batch_size: int = opt(32, "Batch size.")
     lr: float = opt(0.05, "Learning rate.")

@@ -37,13 +37,27 @@ class Prepared:
     scheduler: Any = None  # inttrain.schedules.PrecisionScheduler (--schedule), already applied to the model
 
 
-def recipe_config_for(recipe: str, bits: int | None) -> Any:
-    """The config ``prepare_`` gets: None (use the name), or the recipe's config with ``bits`` set."""
-    import inttrain
+_ROUNDINGS = {"nearest": "NEAREST_EVEN", "stochastic": "STOCHASTIC"}
 
-    if bits is None:
+
+def recipe_config_for(recipe: str, bits: int | None, weight_grad_rounding: str | None = None) -> Any:
+    """The config ``prepare_`` gets: None (use the name), or the recipe's config with ``bits`` (and the
+    weight-gradient rounding) set."""
+    import inttrain
+    from inttrain.spec import Rounding
+
+    if bits is None and weight_grad_rounding is None:
         return None
     cfg = inttrain.get_config(recipe)
+    if weight_grad_rounding is not None:
+        if weight_grad_rounding not in _ROUNDINGS:
+            raise UsageProblem("--weight-grad-rounding", f"{weight_grad_rounding!r}: expected nearest or stochastic")
+        try:
+            cfg = cfg.with_weight_grad_rounding(Rounding[_ROUNDINGS[weight_grad_rounding]])
+        except ValueError as e:
+            raise UsageProblem("--weight-grad-rounding", f"{weight_grad_rounding}: {e}") from None
+    if bits is None:
+        return cfg
     if not cfg.converts_layers():
         raise UsageProblem("--bits", f"{bits}: recipe {recipe!r} has no bit width; use an integer recipe such as int8")
     try:
@@ -105,7 +119,7 @@ def validate_config(cfg: RunConfig) -> Any:
         where = {"npz": "an .npz file", "text": "a UTF-8 text file"}.get(
             cfg.dataset, f"a file or folder with the {cfg.dataset} data")
         raise UsageProblem("--data-dir", f"{cfg.data_dir!r} does not exist; expected {where}")
-    return recipe_config_for(cfg.recipe, cfg.bits)
+    return recipe_config_for(cfg.recipe, cfg.bits, cfg.weight_grad_rounding)
 
 
 def _check_optimizer_knobs(cfg: RunConfig) -> None:

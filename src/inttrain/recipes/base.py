@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..optim import DEFAULT_MOMENTUM, build_optimizer
-from ..spec import LayerPrecision
+from ..spec import LayerPrecision, Rounding
 
 __all__ = ["RecipeConfig", "LayerHooks", "BASE_LR_KEY", "no_step_hook", "layer_hook_state", "load_layer_hook_state"]
 
@@ -120,6 +120,13 @@ class RecipeConfig:
         if "bits" not in {f.name for f in dataclasses.fields(self)}:
             raise ValueError(f"recipe {self.name!r} has no bits field")
         return dataclasses.replace(self, bits=bits)
+
+    def with_weight_grad_rounding(self, rounding: Rounding) -> RecipeConfig:
+        """This config with the weight-gradient GEMM's output-gradient rounding set (``inttrain train
+        --weight-grad-rounding``); ValueError if the recipe has no such choice."""
+        if "weight_grad_rounding" not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(f"recipe {self.name!r} has no weight-gradient rounding choice; use int8")
+        return dataclasses.replace(self, weight_grad_rounding=rounding)
 
     # ------------------------------------------------------------------ training
     def autocast(self, device: str | torch.device = "cpu") -> contextlib.AbstractContextManager[Any]:

@@ -41,6 +41,11 @@ class Int8MixedConfig(RecipeConfig):
         bits: code width of weights and activations (2..16; past 8 bits as exact int8 halves).
         grad_bits: code width of output gradients (defaults to ``bits``).
         grad_rounding: rounding of output gradients (``Rounding.STOCHASTIC`` is unbiased).
+        weight_grad_rounding: rounding of the output gradient's codes in the weight-gradient GEMM only
+            (None: ``grad_rounding``).  That GEMM sums over every row (token, pixel) of the batch, so
+            nearest rounding's bias adds up there while stochastic rounding's noise averages out
+            (``benchmarks/probe_recipes.py``: ResNet-20 weight gradients 14.5 dB SQNR with nearest, 31.4 dB
+            with stochastic rounding, against 33.9 dB for the input gradient with nearest).
         per_channel: per-row/per-channel scales as described above; False gives one scale per tensor.
         float_weight_grad: run the weight-gradient GEMM in float32 (as torchao and SwitchBack allow).
         seed: base seed of the stochastic-rounding hash.
@@ -54,6 +59,7 @@ class Int8MixedConfig(RecipeConfig):
     bits: int = 8
     grad_bits: int | None = None
     grad_rounding: Rounding = Rounding.NEAREST_EVEN
+    weight_grad_rounding: Rounding | None = None
     per_channel: bool = True
     float_weight_grad: bool = False
 
@@ -70,10 +76,11 @@ class Int8MixedConfig(RecipeConfig):
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
         b, gb = self.bits, self.grad_bits or self.bits
         w, g = (lambda pc: self._spec(b, pc)), (lambda pc: self._spec(gb, pc, self.grad_rounding))
+        wg_rounding = self.weight_grad_rounding or self.grad_rounding
         is_conv = isinstance(module, nn.Conv2d)
         act = not is_conv  # conv activations/gradients entering a reduction are per tensor
         return LayerPrecision(
             forward=GemmPrecision(w(act), w(True)),
             grad_input=GemmPrecision(g(act), w(True)),
-            grad_weight=GemmPrecision(g(True), w(act), integer=not self.float_weight_grad),
+            grad_weight=GemmPrecision(self._spec(gb, True, wg_rounding), w(act), integer=not self.float_weight_grad),
         )
