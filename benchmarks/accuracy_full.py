@@ -27,7 +27,7 @@ decay 5e-4 on every parameter, OneCycle (max lr ``--lr``), batch 128, crop-flip,
 defaults and the job row names the knobs it did not get (``knobs_missing``), so such rows are never mixed up
 with full-budget ones in the report (it groups by the settings).
 
-Variants: ``fp32``, ``bf16``, ``int8``, ``int8-dataflow`` (int8 activations between layers), ``int8-wsr`` (int8, stochastic rounding in the weight-gradient GEMM),``unified-int8``,
+Variants: ``fp32``, ``bf16``, ``int8``, ``int8-dataflow`` (int8 activations between layers), ``int8-wsr`` (int8, stochastic rounding in the weight-gradient GEMM), ``unified-int8``,
 ``sbm``, ``wageubn``, ``dorefa-8`` (k = 8 on every converted layer: a k-bit DoReFa value is a 9-bit GEMM code,
 which the convolutions take as two exact int8 halves), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
 cycles, gradients 8 bits) and ``integer-only`` (its own engine, ``inttrain.recipes.integer_only``: a model
