@@ -17,6 +17,7 @@ import torch
 
 from ..kernels.fused import dequant_epilogue, quantize_matrix
 from ..kernels.matmul import int_mm
+from ..numerics.hashing import SeedPurpose, derive_seed
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision
 from .seeds import save_with_seeds, saved_and_seeds
@@ -122,7 +123,7 @@ class _IntLinearFn(torch.autograd.Function):
                 check_finite(sx, "linear input")
             # W^T as the rhs is read through a transposed view: measured faster than having the quantizer
             # write it transposed (e.g. 2.1 vs 2.6 ms at 512x1024x1024, 149 vs 156 ms at 4096^3).
-            qw, sw = quantize_matrix(weight, fwd.rhs, 0, seed=seeds[0] ^ 0x5BD1E995)
+            qw, sw = quantize_matrix(weight, fwd.rhs, 0, seed=derive_seed(seeds[0], SeedPurpose.RHS_OPERAND))
             check_finite(sw, "linear weight")
             y = dequant_epilogue(int_mm(qx, qw.t(), reuse_output=True), sx, sw.t(), None if bias is None else bias.float())
         else:
@@ -140,7 +141,7 @@ class _IntLinearFn(torch.autograd.Function):
             save_with_seeds(ctx, seeds, weight, qx, sx, *w_extra)
             ctx.x_rows_folded = True
         elif gw.integer:  # keep int8 codes of x for dW = dy^T x (quantized along its in-feature axis)
-            qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=seeds[2] ^ 0x5BD1E995)
+            qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=derive_seed(seeds[2], SeedPurpose.RHS_OPERAND))
             save_with_seeds(ctx, seeds, weight, qx_gw, sx_gw, *w_extra)
         else:
             save_with_seeds(ctx, seeds, weight, x2, *w_extra)
@@ -162,7 +163,7 @@ class _IntLinearFn(torch.autograd.Function):
         prec = ctx.prec
         dy2 = dy.to(torch.float32).reshape(-1, dy.shape[-1])
         if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
-            dy2 = ctx.grad_hook(dy2, seeds[2] ^ 0x2545F491)
+            dy2 = ctx.grad_hook(dy2, derive_seed(seeds[2], SeedPurpose.GRAD_HOOK))
         dx = dw = db = None
         if ctx.needs_input_grad[1]:
             if prec.grad_weight.integer:
@@ -187,7 +188,7 @@ class _IntLinearFn(torch.autograd.Function):
                 qg, sg = quantize_matrix(dy2, gi.lhs, 0, seed=seeds[1])
                 if not is_finite(sg):
                     return _non_finite_grads(ctx, weight)
-                qw, sw = quantize_matrix(weight, gi.rhs, 1, seed=seeds[1] ^ 0x5BD1E995)
+                qw, sw = quantize_matrix(weight, gi.rhs, 1, seed=derive_seed(seeds[1], SeedPurpose.RHS_OPERAND))
                 dx = dequant_epilogue(int_mm(qg, qw, reuse_output=True), sg, sw)
             else:
                 dx = dy2 @ weight.float()
