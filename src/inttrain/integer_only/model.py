@@ -13,18 +13,15 @@ import numpy as np
 import torch
 
 from .. import micro
+from ..micro.layers import SequentialCore
 from ..micro.model import check_batch_layers
-from .layers import (AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU, Residual,
-                     layer_named_params)
+from .layers import AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU, Residual
 from .loss import display_loss, softmax_cross_entropy_grad
 from .ops import IntTensor
 
 
-class Sequential:
-    def __init__(self, layers: list[Layer], desc: dict):
-        self.layers, self.desc = layers, desc
-        if layers:
-            layers[0].need_input_grad = False    # the data needs no error
+class Sequential(SequentialCore):
+    """The torch engine's model: micro's :class:`~inttrain.micro.layers.SequentialCore` over torch layers."""
 
     @classmethod
     def from_micro(cls, model: "micro.Sequential", device: torch.device | str | None = None) -> "Sequential":
@@ -43,23 +40,6 @@ class Sequential:
         for (_, mp), (_, p) in zip(m.named_params(), self.named_params()):
             mp.acc, mp.exp, mp.exp0 = p.acc.cpu().numpy().copy(), p.exp, p.exp0
         return m
-
-    def named_params(self) -> list[tuple[str, Param]]:
-        return [np_ for i, l in enumerate(self.layers) for np_ in layer_named_params(l, f"layers.{i}")]
-
-    def params(self) -> list[Param]:
-        return [p for _, p in self.named_params()]
-
-    def forward(self, x: IntTensor) -> IntTensor:
-        for layer in self.layers:
-            x = layer.forward(x)
-        return x
-
-    def backward(self, g: IntTensor) -> None:
-        for layer in reversed(self.layers):
-            g = layer.backward(g)
-            if g is None:
-                break
 
     def check_batch(self, batch_size: int) -> None:
         """Weight-gradient and batch-statistics reductions must stay int32-safe (§8); micro's check."""

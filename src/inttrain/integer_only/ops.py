@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..kernels.matmul import int_mm
@@ -110,3 +111,126 @@ def check_int32(acc: torch.Tensor, what: str) -> torch.Tensor:
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Exact integer a @ b on the project's integer kernel (torch._int_mm); int32 (int64 if K is huge)."""
     return int_mm(a, b)
+
+
+def rdiv(a: torch.Tensor, m: int | torch.Tensor) -> torch.Tensor:
+    """round(a / m), halves up: (a + m // 2) // m (``m`` a Python int or a tensor of them)."""
+    return torch.div(a.to(torch.int64) + m // 2, m, rounding_mode="floor")
+
+
+_POW2 = [1 << i for i in range(10)]
+
+
+def bitlen(r: torch.Tensor) -> torch.Tensor:
+    """bit_length of non-negative integers < 2**10, elementwise (0 for 0)."""
+    p = torch.tensor(_POW2, dtype=torch.int64, device=r.device)
+    return (r.to(torch.int64).unsqueeze(-1) >= p).sum(-1)
+
+
+class _DeviceTables:
+    """Owner of the copies of constant integer tables (e.g. the loss's exp2 table) on each device, made on
+    first use per (table, device); :meth:`clear` drops them."""
+
+    def __init__(self) -> None:
+        self._copies: dict[tuple[int, torch.device], tuple[np.ndarray, torch.Tensor]] = {}
+
+    def get(self, t: np.ndarray, device: torch.device) -> torch.Tensor:
+        key = (id(t), device)
+        hit = self._copies.get(key)
+        if hit is None:                              # t is kept with its copy, so its id is never reused
+            hit = self._copies[key] = (t, torch.from_numpy(np.array(t, copy=True)).to(device))
+        return hit[1]
+
+    def clear(self) -> None:
+        self._copies.clear()
+
+
+DEVICE_TABLES = _DeviceTables()
+
+
+class TorchOps:
+    """:class:`inttrain.micro.ops.NumpyOps` on torch integer tensors (exact, device-agnostic): the primitives
+    the shared integer engine (SGD, loss, residual add, batch norm, average pool, containers) runs on."""
+
+    IntTensor = IntTensor
+    shift = staticmethod(shift)
+    shift_round = staticmethod(shift_round)
+    shift_left_saturate = staticmethod(shift_left_saturate)
+    saturate = staticmethod(saturate)
+    requantize = staticmethod(requantize)
+    absmax = staticmethod(absmax)
+    rdiv = staticmethod(rdiv)
+    bitlen = staticmethod(bitlen)
+    check_int32 = staticmethod(check_int32)
+    clip = staticmethod(torch.clamp)
+    where = staticmethod(torch.where)
+    moveaxis = staticmethod(torch.movedim)
+
+    @staticmethod
+    def wide(a: torch.Tensor) -> torch.Tensor:
+        return a.to(torch.int64)
+
+    @staticmethod
+    def int32(a: torch.Tensor) -> torch.Tensor:
+        return a.to(torch.int32)
+
+    @staticmethod
+    def int8(a: torch.Tensor) -> torch.Tensor:
+        return a.to(torch.int8)
+
+    @staticmethod
+    def cast_like(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        return a.to(ref.dtype)
+
+    @staticmethod
+    def weight_grad(a: torch.Tensor) -> torch.Tensor:
+        """A gradient accumulator as the optimizer receives it: int32, as the GEMM kernels give it."""
+        return a.to(torch.int32)
+
+    @staticmethod
+    def zeros(ref: torch.Tensor, bits: int) -> torch.Tensor:
+        return torch.zeros(ref.shape, dtype=torch.int64 if bits == 64 else torch.int32, device=ref.device)
+
+    @staticmethod
+    def zeros_int8(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(shape, dtype=torch.int8, device=like.device)
+
+    @staticmethod
+    def broadcast_to(a: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        return a.expand(shape)
+
+    @staticmethod
+    def amax(a: torch.Tensor, axis: int, keepdims: bool = False) -> torch.Tensor:
+        return a.amax(dim=axis, keepdim=keepdims)
+
+    @staticmethod
+    def amin(a: torch.Tensor, axis: int, keepdims: bool = False) -> torch.Tensor:
+        return a.amin(dim=axis, keepdim=keepdims)
+
+    @staticmethod
+    def sum(a: torch.Tensor, axis, keepdims: bool = False) -> torch.Tensor:
+        return a.sum(dim=axis, keepdim=keepdims, dtype=torch.int64)
+
+    @staticmethod
+    def copy(a: torch.Tensor) -> torch.Tensor:
+        return a.clone()
+
+    @staticmethod
+    def empty_like(a: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(a)
+
+    @staticmethod
+    def arange(n: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.arange(n, device=like.device)
+
+    @staticmethod
+    def index(labels: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return labels.to(device=like.device, dtype=torch.int64)
+
+    @staticmethod
+    def table(t: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+        return DEVICE_TABLES.get(t, like.device)
+
+    @staticmethod
+    def distinct(a: torch.Tensor) -> list[int]:
+        return sorted(set(a.tolist()))
