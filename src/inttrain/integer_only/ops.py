@@ -150,87 +150,27 @@ DEVICE_TABLES = _DeviceTables()
 
 class TorchOps:
     """:class:`inttrain.micro.ops.NumpyOps` on torch integer tensors (exact, device-agnostic): the primitives
-    the shared integer engine (SGD, loss, residual add, batch norm, average pool, containers) runs on."""
+    the shared integer engine (SGD, loss, residual add, batch norm, average pool, containers) runs on.  See
+    NumpyOps for what each means; a gradient stays int32 here (``weight_grad``), as the GEMM kernels give it."""
 
     IntTensor = IntTensor
-    shift = staticmethod(shift)
-    shift_round = staticmethod(shift_round)
-    shift_left_saturate = staticmethod(shift_left_saturate)
-    saturate = staticmethod(saturate)
-    requantize = staticmethod(requantize)
-    absmax = staticmethod(absmax)
-    rdiv = staticmethod(rdiv)
-    bitlen = staticmethod(bitlen)
-    check_int32 = staticmethod(check_int32)
-    clip = staticmethod(torch.clamp)
-    where = staticmethod(torch.where)
-    moveaxis = staticmethod(torch.movedim)
-
-    @staticmethod
-    def wide(a: torch.Tensor) -> torch.Tensor:
-        return a.to(torch.int64)
-
-    @staticmethod
-    def int32(a: torch.Tensor) -> torch.Tensor:
-        return a.to(torch.int32)
-
-    @staticmethod
-    def int8(a: torch.Tensor) -> torch.Tensor:
-        return a.to(torch.int8)
-
-    @staticmethod
-    def cast_like(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-        return a.to(ref.dtype)
-
-    @staticmethod
-    def weight_grad(a: torch.Tensor) -> torch.Tensor:
-        """A gradient accumulator as the optimizer receives it: int32, as the GEMM kernels give it."""
-        return a.to(torch.int32)
-
-    @staticmethod
-    def zeros(ref: torch.Tensor, bits: int) -> torch.Tensor:
-        return torch.zeros(ref.shape, dtype=torch.int64 if bits == 64 else torch.int32, device=ref.device)
-
-    @staticmethod
-    def zeros_int8(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(shape, dtype=torch.int8, device=like.device)
-
-    @staticmethod
-    def broadcast_to(a: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        return a.expand(shape)
-
-    @staticmethod
-    def amax(a: torch.Tensor, axis: int, keepdims: bool = False) -> torch.Tensor:
-        return a.amax(dim=axis, keepdim=keepdims)
-
-    @staticmethod
-    def amin(a: torch.Tensor, axis: int, keepdims: bool = False) -> torch.Tensor:
-        return a.amin(dim=axis, keepdim=keepdims)
-
-    @staticmethod
-    def sum(a: torch.Tensor, axis, keepdims: bool = False) -> torch.Tensor:
-        return a.sum(dim=axis, keepdim=keepdims, dtype=torch.int64)
-
-    @staticmethod
-    def copy(a: torch.Tensor) -> torch.Tensor:
-        return a.clone()
-
-    @staticmethod
-    def empty_like(a: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(a)
-
-    @staticmethod
-    def arange(n: int, like: torch.Tensor) -> torch.Tensor:
-        return torch.arange(n, device=like.device)
-
-    @staticmethod
-    def index(labels: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return labels.to(device=like.device, dtype=torch.int64)
-
-    @staticmethod
-    def table(t: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-        return DEVICE_TABLES.get(t, like.device)
-
-    @staticmethod
-    def distinct(a: torch.Tensor) -> list[int]:
-        return sorted(set(a.tolist()))
+    shift, shift_round, shift_left_saturate, saturate, requantize, absmax, rdiv, bitlen, check_int32 = map(
+        staticmethod, (shift, shift_round, shift_left_saturate, saturate, requantize, absmax, rdiv, bitlen, check_int32))
+    clip, where, moveaxis = staticmethod(torch.clamp), staticmethod(torch.where), staticmethod(torch.movedim)
+    wide = staticmethod(lambda a: a.to(torch.int64))
+    int32 = weight_grad = staticmethod(lambda a: a.to(torch.int32))
+    int8 = staticmethod(lambda a: a.to(torch.int8))
+    cast_like = staticmethod(lambda a, ref: a.to(ref.dtype))
+    zeros = staticmethod(lambda ref, bits: torch.zeros(ref.shape, dtype=torch.int64 if bits == 64 else torch.int32,
+                                                       device=ref.device))
+    zeros_int8 = staticmethod(lambda shape, like: torch.zeros(shape, dtype=torch.int8, device=like.device))
+    broadcast_to = staticmethod(lambda a, shape: a.expand(shape))
+    amax = staticmethod(lambda a, axis, keepdims=False: a.amax(dim=axis, keepdim=keepdims))
+    amin = staticmethod(lambda a, axis, keepdims=False: a.amin(dim=axis, keepdim=keepdims))
+    sum = staticmethod(lambda a, axis, keepdims=False: a.sum(dim=axis, keepdim=keepdims, dtype=torch.int64))
+    copy = staticmethod(torch.clone)
+    empty_like = staticmethod(torch.empty_like)
+    arange = staticmethod(lambda n, like: torch.arange(n, device=like.device))
+    index = staticmethod(lambda labels, like: labels.to(device=like.device, dtype=torch.int64))
+    table = staticmethod(lambda t, like: DEVICE_TABLES.get(t, like.device))
+    distinct = staticmethod(lambda a: sorted(set(a.tolist())))
