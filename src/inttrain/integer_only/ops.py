@@ -13,10 +13,8 @@ import numpy as np
 import torch
 
 from ..kernels.matmul import int_mm
+from ..micro.ops import INT8_MAX, INT32_MAX, ROUNDING_MODES, qmax  # the format's constants: one definition
 
-ROUNDING_MODES = ("rne", "pstoch", "floor")
-INT8_MAX = 127
-INT32_MAX = 2**31 - 1
 INT32_LIMIT = INT32_MAX
 MAX_K = INT32_LIMIT // (127 * 127)   # 133144 (§8)
 
@@ -33,10 +31,6 @@ class IntTensor:
     def to_float(self) -> torch.Tensor:
         """Dequantized float64 view (tests and display only; never used by a training step)."""
         return self.q.to(torch.float64) * (2.0 ** self.exp)
-
-
-def qmax(bits: int) -> int:
-    return (1 << (bits - 1)) - 1
 
 
 def saturate(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
