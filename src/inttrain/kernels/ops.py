@@ -16,11 +16,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..spec import PerChannel, QuantSpec, Rounding, ScaleKind
 from . import conv as conv_kernels
+from . import native
 from .conv_geometry import ConvGeometry
 from .matmul import INT8_SAFE_K, int8_mm
 
-__all__ = ["int8_mm_op", "conv2d_forward_u8", "conv2d_input_grad_u8", "conv2d_weight_grad"]
+__all__ = ["int8_mm_op", "conv2d_forward_u8", "conv2d_input_grad_u8", "conv2d_weight_grad",
+           "rows_cols_native", "quantize_rows_cols"]
 
 _CL = torch.channels_last
 
@@ -127,3 +130,74 @@ def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor,
     if not torch.compiler.is_compiling():
         return conv_kernels.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
     return torch.ops.inttrain.conv2d_weight_grad(gq, g_scale, xq, x_scale, _shape(weight_shape), *_geom_args(geom))
+
+
+# ------------------------------------------------------------------- output gradient quantized two ways
+
+_MODES = {Rounding.NEAREST_EVEN: 1, Rounding.STOCHASTIC: 2}  # 0: that side is not wanted
+
+
+def _native_spec(spec: QuantSpec | None) -> bool:
+    """Whether the native quantizer computes ``spec`` exactly as :func:`.fused.quantize_matrix` does."""
+    return spec is None or (
+        spec.fmt.signed and spec.fmt.symmetric and spec.fmt.bits <= 8 and isinstance(spec.granularity, PerChannel)
+        and spec.rounding in _MODES and spec.scale_kind is ScaleKind.FLOAT and spec.fixed_amax is None)
+
+
+@torch.compiler.assume_constant_result
+def _quantize_library_loaded() -> bool:
+    """Load (building on first call) the native quantizer; a constant to dynamo, which cannot trace the lock."""
+    return native.quantize_available()
+
+
+def rows_cols_native(row_spec: QuantSpec | None, col_spec: QuantSpec | None, device: torch.device) -> bool:
+    """Whether :func:`quantize_rows_cols` can serve these specs on ``device`` (builds the kernel on first call)."""
+    if row_spec is None and col_spec is None or device.type != "cpu":
+        return False
+    if row_spec is not None and col_spec is not None and row_spec.fmt.qmax != col_spec.fmt.qmax:
+        return False
+    return _native_spec(row_spec) and _native_spec(col_spec) and _quantize_library_loaded()
+
+
+@torch.library.custom_op("inttrain::quantize_rows_cols", mutates_args=())
+def _quantize_rows_cols(dy: Tensor, row_mul: Tensor | None, col_mul: Tensor | None, seeds: Tensor, qmax: int,
+                        mode_rows: int, mode_cols: int, col_sum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    seed_rows, seed_cols = (int(v) for v in seeds.tolist())
+    out = native.quantize_rows_cols(
+        dy, row_mul, col_mul, qmax, rows=mode_rows > 0, cols=mode_cols > 0, sr_rows=mode_rows == 2,
+        seed_rows=seed_rows, sr_cols=mode_cols == 2, seed_cols=seed_cols, col_sum=col_sum)
+    return tuple(t if t is not None else dy.new_empty((0,), dtype=torch.int8 if i in (0, 2) else torch.float32)
+                 for i, t in enumerate(out))  # (fresh empties: outputs may not alias each other)
+
+
+@_quantize_rows_cols.register_fake
+def _(dy, row_mul, col_mul, seeds, qmax, mode_rows, mode_cols, col_sum):
+    m, n = dy.shape
+    i8 = torch.int8
+    return (dy.new_empty((m, n) if mode_rows else (0,), dtype=i8), dy.new_empty((m, 1) if mode_rows else (0,)),
+            dy.new_empty((m, n) if mode_cols else (0,), dtype=i8), dy.new_empty((1, n) if mode_cols else (0,)),
+            dy.new_empty((n,) if col_sum else (0,)))
+
+
+def quantize_rows_cols(dy: Tensor, row_mul: Tensor | None, col_mul: Tensor | None, row_spec: QuantSpec | None,
+                       col_spec: QuantSpec | None, seed_rows: int | Tensor = 0, seed_cols: int | Tensor = 0,
+                       col_sum: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Codes of ``dy * row_mul`` (one scale per row, ``row_spec``) and of ``dy * col_mul`` (one scale per
+    column, ``col_spec``) in two passes over ``dy``: see ``native/quantize.c``; with ``col_sum``, also dy's
+    column sums (a Linear's bias gradient, summed in double).  ``dy`` [M, N] float32,
+    ``row_mul`` [1, N] or [N], ``col_mul`` [M, 1] or [M] (or one value each).  A ``None`` spec skips that side (its outputs are
+    empty, as is the sum without ``col_sum``).  Same codes and scales as :func:`.fused.quantize_matrix` bit for bit; call only when
+    :func:`rows_cols_native`.  One graph node when compiling.
+    """
+    qmax = (row_spec or col_spec).fmt.qmax
+    modes = [0 if spec is None else _MODES[spec.rounding] for spec in (row_spec, col_spec)]
+    dy = dy.to(torch.float32)
+    # one multiplier per feature / row; a per-tensor scale ([1, 1]) broadcasts
+    row_mul, col_mul = (None if t is None else t.reshape(-1).float().expand(size).contiguous()
+                        for t, size in ((row_mul, dy.shape[1]), (col_mul, dy.shape[0])))
+    if not torch.compiler.is_compiling():
+        seeds = [int(s) if isinstance(s, Tensor) else s for s in (seed_rows, seed_cols)]
+        return _quantize_rows_cols(dy, row_mul, col_mul, torch.tensor(seeds), qmax, *modes, col_sum)
+    seeds_t = torch.stack([torch.as_tensor(s, dtype=torch.int64, device=dy.device).reshape(())
+                           for s in (seed_rows, seed_cols)])
+    return torch.ops.inttrain.quantize_rows_cols(dy, row_mul, col_mul, seeds_t, qmax, *modes, col_sum)

@@ -1,4 +1,4 @@
-"""Native int8 kernels where the library GEMMs leave speed on the table (see ``conv.c``).
+"""Native kernels where the library kernels leave speed on the table (see ``conv.c`` and ``quantize.c``).
 
 The C source is compiled on first use with the machine's C compiler (plain C, no torch headers:
 about a second) into a shared library that :class:`NativeLibrary` owns, and called through
@@ -17,16 +17,19 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from ..workspace import scratch
 
-__all__ = ["NativeLibrary", "LIBRARY", "available", "conv2d_weight_grad_int"]
+__all__ = ["NativeLibrary", "LIBRARY", "QUANTIZE_LIBRARY", "available", "quantize_available",
+           "conv2d_weight_grad_int", "quantize_rows_cols"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
+_QUANTIZE_SOURCE = Path(__file__).with_name("quantize.c")
 # -fopenmp: the parallel sections run on torch's OpenMP team (libgomp.so.1, already loaded by torch)
 _FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fopenmp", "-std=c11")
 
@@ -44,8 +47,10 @@ class NativeLibrary:
     to a temporary file and renames it, so concurrent processes never load a half-written library.
     """
 
-    def __init__(self, source: Path, flags: tuple[str, ...] = _FLAGS, compiler: str | None = None) -> None:
+    def __init__(self, source: Path, flags: tuple[str, ...] = _FLAGS, compiler: str | None = None,
+                 setup: Callable[[ctypes.CDLL], None] | None = None) -> None:
         self.source, self.flags = source, flags
+        self.setup = setup or _setup_conv  # checks the CPU and declares the entry points; raises RuntimeError
         self.compiler = compiler or os.environ.get("CC", "cc")
         self.reason: str | None = None
         self._lib: ctypes.CDLL | None = None
@@ -93,11 +98,7 @@ class NativeLibrary:
                 self._tried = True
                 try:
                     lib = ctypes.CDLL(str(self.build()))
-                    lib.inttrain_has_vnni.restype = ctypes.c_int
-                    if not lib.inttrain_has_vnni():
-                        raise RuntimeError("this CPU has no AVX512-VNNI")
-                    lib.inttrain_wgrad_u8s8.restype = ctypes.c_int
-                    lib.inttrain_wgrad_u8s8.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64]
+                    self.setup(lib)
                     self._lib = lib
                 except (RuntimeError, OSError) as exc:
                     self.reason = str(exc)
@@ -105,12 +106,89 @@ class NativeLibrary:
             return self._lib
 
 
+def _setup_conv(lib: ctypes.CDLL) -> None:
+    lib.inttrain_has_vnni.restype = ctypes.c_int
+    if not lib.inttrain_has_vnni():
+        raise RuntimeError("this CPU has no AVX512-VNNI")
+    lib.inttrain_wgrad_u8s8.restype = ctypes.c_int
+    lib.inttrain_wgrad_u8s8.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64]
+
+
+def _setup_quantize(lib: ctypes.CDLL) -> None:
+    lib.inttrain_has_avx512.restype = ctypes.c_int
+    if not lib.inttrain_has_avx512():
+        raise RuntimeError("this CPU has no AVX512F/BW")
+    lib.inttrain_quantize_rows_cols.restype = ctypes.c_int
+    lib.inttrain_quantize_rows_cols.argtypes = (
+        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float]
+        + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int64])
+
+
 LIBRARY = NativeLibrary(_SOURCE)
+QUANTIZE_LIBRARY = NativeLibrary(_QUANTIZE_SOURCE, setup=_setup_quantize)
 
 
 def available() -> bool:
     """Whether the native weight-gradient kernel runs on this machine (builds it on first call)."""
     return LIBRARY.load() is not None
+
+
+def quantize_available() -> bool:
+    """Whether the native two-way gradient quantizer runs on this machine (builds it on first call)."""
+    return QUANTIZE_LIBRARY.load() is not None
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def quantize_rows_cols(
+    dy: Tensor, row_mul: Tensor | None, col_mul: Tensor | None, qmax: int, *, rows: bool = True,
+    cols: bool = True, sr_rows: bool = False, seed_rows: int = 0, sr_cols: bool = False, seed_cols: int = 0,
+    col_sum: bool = False, threads: int | None = None,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """Codes of ``dy * row_mul`` with one scale per row, and of ``dy * col_mul[:, None]`` with one per column.
+
+    ``dy``: float32 [M, N] (made contiguous); ``row_mul`` [N] and ``col_mul`` [M] float32 or None (= 1).
+    Returns ``(q_rows [M, N] int8, s_rows [M, 1], q_cols [M, N] int8, s_cols [1, N], sums [N])``, None for
+    what is not asked for; ``sums`` (``col_sum=True``) are dy's column sums (a bias gradient), summed in double.  Bit for bit what :func:`inttrain.kernels.fused.quantize_matrix` gives for a symmetric signed
+    format of ``qmax = 2**(bits-1) - 1`` (bits <= 8), per-channel scales, nearest-even or stochastic
+    rounding (seeds as there).  Call only when :func:`quantize_available`.
+    """
+    lib = QUANTIZE_LIBRARY.load()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {QUANTIZE_LIBRARY.reason}")
+    if dy.dim() != 2 or dy.dtype != torch.float32 or dy.device.type != "cpu":
+        raise TypeError(f"expected a 2-D float32 CPU tensor, got {tuple(dy.shape)} {dy.dtype} on {dy.device}")
+    if not 1 <= qmax <= 127:
+        raise ValueError(f"qmax must be in [1, 127] (int8 codes), got {qmax}")
+    dy = dy.contiguous()
+    m, n = dy.shape
+    mults = []
+    for mul, size, name in ((row_mul, n, "row_mul"), (col_mul, m, "col_mul")):
+        if mul is not None:
+            mul = mul.reshape(-1).to(torch.float32).contiguous()
+            if mul.numel() != size:
+                raise ValueError(f"{name} has {mul.numel()} values, expected {size}")
+        mults.append(mul)
+    q_rows = torch.empty((m, n), dtype=torch.int8) if rows else None
+    s_rows = torch.empty((m, 1), dtype=torch.float32) if rows else None
+    q_cols = torch.empty((m, n), dtype=torch.int8) if cols else None
+    s_cols = torch.empty((1, n), dtype=torch.float32) if cols else None
+    threads = threads or torch.get_num_threads()
+    sums = torch.zeros((n,), dtype=torch.float32) if col_sum else None
+    colmax = scratch((threads * n,), torch.int32, dy.device) if cols else None
+    colsum = scratch((threads * n,), torch.float64, dy.device) if col_sum else None
+    if m and n:
+        lib.inttrain_quantize_rows_cols(
+            dy.data_ptr(), m, n, _ptr(mults[0]), _ptr(mults[1]), float(qmax), _ptr(q_rows), _ptr(s_rows),
+            _ptr(q_cols), _ptr(s_cols), int(sr_rows), int(seed_rows) & 0xFFFFFFFF, int(sr_cols),
+            int(seed_cols) & 0xFFFFFFFF, _ptr(colmax), _ptr(sums), _ptr(colsum), threads)
+    elif m or n:
+        for s in (s_rows, s_cols):
+            if s is not None:
+                s.fill_(1.0)
+    return q_rows, s_rows, q_cols, s_cols, sums
 
 
 def _int64_array(values: list[int]) -> ctypes.Array:

@@ -2,9 +2,11 @@
 
 import sys
 
-from . import LIBRARY, available
+from . import LIBRARY, QUANTIZE_LIBRARY
 
-if available():
-    print(f"native kernels: {LIBRARY.build()}")
-else:
-    print(f"native kernels unavailable, the torch kernels serve: {LIBRARY.reason}", file=sys.stderr)
+for library in (LIBRARY, QUANTIZE_LIBRARY):
+    if library.load() is not None:
+        print(f"native kernels: {library.build()}")
+    else:
+        print(f"native kernels from {library.source.name} unavailable, the torch kernels serve: {library.reason}",
+              file=sys.stderr)
