@@ -3,7 +3,8 @@
 
 - a package imports only from its own layer or the layers below it (docs/architecture.md);
 - no import cycles between modules;
-- no library code writes ``os.environ`` (child processes get their environment passed to them).
+- no library code writes ``os.environ`` (child processes get their environment passed to them);
+- no function body is longer than ``MAX_FUNCTION_LINES`` (a function fits a screen; docstrings not counted).
 """
 
 from __future__ import annotations
@@ -171,3 +172,30 @@ def test_library_code_never_writes_os_environ() -> None:
                     isinstance(target, ast.Attribute) and target.attr in ("putenv", "unsetenv")):
                 writes.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert writes == []
+
+
+#: Longest function body allowed in ``src/inttrain`` (issue 14: "no function over ~80 lines").
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``path:line name (n lines)`` of every function whose body, docstring excluded, is longer than ``limit``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = node.body[1:] if ast.get_docstring(node) is not None and len(node.body) > 1 else node.body
+                n = node.end_lineno - body[0].lineno + 1
+                if n > limit:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({n} lines)")
+    return found
+
+
+def test_no_function_over_the_line_limit() -> None:
+    assert long_functions(SRC) == []
+
+
+def test_the_length_check_counts_body_lines(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "a.py").write_text(f'def ok():\n    """Doc."""\n{body}\n\ndef long():\n{body}    return 0\n')
+    assert long_functions(tmp_path) == [f"a.py:{MAX_FUNCTION_LINES + 5} long ({MAX_FUNCTION_LINES + 1} lines)"]

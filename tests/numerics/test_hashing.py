@@ -1,10 +1,15 @@
-"""Seed mixing: the tensor form used by compiled steps equals the Python form bit for bit."""
+"""Seed mixing and derivation: the tensor forms used by compiled steps equal the Python forms bit for bit, the
+salts are frozen, and they are written nowhere but ``SeedPurpose``."""
+
+import ast
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 import torch
 
-from inttrain.numerics.hashing import mix_seed, mix_seed_tensor
+import inttrain
+from inttrain.numerics.hashing import SeedPurpose, derive_seed, mix_seed, mix_seed_tensor
 
 parts = st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=5)
 
@@ -16,3 +21,35 @@ def test_mix_seed_tensor_equals_python(values):
     # any part may be a 0-d int64 tensor (the layer's call counter)
     mixed = [torch.tensor(v, dtype=torch.int64) if i % 2 else v for i, v in enumerate(values)]
     assert int(mix_seed_tensor(*mixed)) == expected
+
+
+def test_derive_seed_values_are_frozen():
+    """The salts feed every stochastic-rounding result: these exact values must never change."""
+    assert derive_seed(0, SeedPurpose.RHS_OPERAND) == 0x5BD1E995
+    assert derive_seed(12345, SeedPurpose.GRAD_HOOK) == 12345 ^ 0x2545F491
+    assert derive_seed(3, SeedPurpose.SAMPLE_GROUP, 8) == mix_seed(3, 8, 0x5E9A) == 1990658517
+    assert derive_seed(7, SeedPurpose.GATE_NOISE, 100, 2) == mix_seed(7, 100, 2, 0x6A7E) == 1833896214
+
+
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_derive_seed_on_a_seed_tensor_equals_python(seed):
+    """A compiled step's 0-d seed tensor derives the same seed as the eager int."""
+    for purpose in (SeedPurpose.RHS_OPERAND, SeedPurpose.GRAD_HOOK):
+        assert int(derive_seed(torch.tensor(seed, dtype=torch.int64), purpose)) == derive_seed(seed, purpose)
+
+
+def test_no_seed_salt_outside_the_hashing_module():
+    """Seed salts live in ``SeedPurpose`` only: no ``x ^ 0x...`` or ``mix_seed(..., <literal>)`` elsewhere."""
+    src = Path(inttrain.__file__).parent
+    found = []
+    for path in src.rglob("*.py"):
+        if path == src / "numerics" / "hashing.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            salted = isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitXor) and any(
+                isinstance(v, ast.Constant) and isinstance(v.value, int) for v in (node.left, node.right))
+            salted |= isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("mix_seed", "mix_seed_tensor") \
+                and any(isinstance(a, ast.Constant) for a in node.args)
+            if salted:
+                found.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert found == []

@@ -26,6 +26,7 @@ from ..kernels import conv_generic
 from ..kernels import ops as conv_kernels  # eager kernels, or graph nodes when compiling
 from ..kernels.conv import ConvGeometry
 from ..kernels.fused import quantize_matrix
+from ..numerics.hashing import SeedPurpose, derive_seed
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
 from ..spec.capabilities import conv_layout_problem
@@ -112,7 +113,7 @@ class _IntConv2dFn(torch.autograd.Function):
             else:
                 qx, sx = _quantize_activation(xf, fwd.lhs, seeds[0], zero_point=128)  # uint8 q + 128
                 check_finite(sx, "conv2d input")
-            qw, sw = _quantize_weight(weight, fwd.rhs, seeds[0] ^ 0x5BD1E995, False, geom.groups)
+            qw, sw = _quantize_weight(weight, fwd.rhs, derive_seed(seeds[0], SeedPurpose.RHS_OPERAND), False, geom.groups)
             check_finite(sw, "conv2d weight")
             conv = conv_generic.conv2d_forward if _wide(fwd) else conv_kernels.conv2d_forward_u8
             y = conv(qx, sx, qw, sw, geom)
@@ -133,7 +134,7 @@ class _IntConv2dFn(torch.autograd.Function):
             else:
                 if xf is None:
                     xf = x.dequantize()
-                qx_gw, sx_gw = _quantize_activation(xf, gw.rhs, seeds[2] ^ 0x5BD1E995)
+                qx_gw, sx_gw = _quantize_activation(xf, gw.rhs, derive_seed(seeds[2], SeedPurpose.RHS_OPERAND))
             save_with_seeds(ctx, seeds, weight, qx_gw, sx_gw)
         else:
             save_with_seeds(ctx, seeds, weight, xf)
@@ -149,7 +150,7 @@ class _IntConv2dFn(torch.autograd.Function):
         geom, prec = ctx.geom, ctx.prec
         dyf = dy.to(torch.float32)
         if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
-            dyf = ctx.grad_hook(dyf, seeds[2] ^ 0x2545F491)
+            dyf = ctx.grad_hook(dyf, derive_seed(seeds[2], SeedPurpose.GRAD_HOOK))
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             gi = prec.grad_input
@@ -157,7 +158,7 @@ class _IntConv2dFn(torch.autograd.Function):
                 qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=0 if _wide(gi) else 128)
                 if not is_finite(sg):  # amax propagates inf/NaN: this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
-                qw, sw = _quantize_weight(weight, gi.rhs, seeds[1] ^ 0x5BD1E995, True, geom.groups)
+                qw, sw = _quantize_weight(weight, gi.rhs, derive_seed(seeds[1], SeedPurpose.RHS_OPERAND), True, geom.groups)
                 conv_t = conv_generic.conv2d_input_grad if _wide(gi) else conv_kernels.conv2d_input_grad_u8
                 dx = conv_t(qg, sg, qw, sw, tuple(ctx.x_shape), geom)
             else:

@@ -18,6 +18,7 @@ import torch
 from ..kernels.fused import dequant_epilogue, quantize_matrix
 from ..kernels.matmul import int_mm
 from ..kernels.ops import quantize_rows_cols, rows_cols_native
+from ..numerics.hashing import SeedPurpose, derive_seed
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision
 from .seeds import save_with_seeds, saved_and_seeds
@@ -155,7 +156,7 @@ def _input_grad(ctx, dy2, weight, w_codes, codes, seeds):
     qg, sg = (codes[0], codes[1]) if codes is not None else quantize_matrix(dy2, gi.lhs, 0, seed=seeds[1])
     if not is_finite(sg):
         return None
-    qw, sw = quantize_matrix(weight, gi.rhs, 1, seed=seeds[1] ^ 0x5BD1E995)
+    qw, sw = quantize_matrix(weight, gi.rhs, 1, seed=derive_seed(seeds[1], SeedPurpose.RHS_OPERAND))
     return dequant_epilogue(int_mm(qg, qw, reuse_output=True), sg, sw)
 
 
@@ -180,7 +181,7 @@ class _IntLinearFn(torch.autograd.Function):
                 check_finite(sx, "linear input")
             # W^T as the rhs is read through a transposed view: measured faster than having the quantizer
             # write it transposed (e.g. 2.1 vs 2.6 ms at 512x1024x1024, 149 vs 156 ms at 4096^3).
-            qw, sw = quantize_matrix(weight, fwd.rhs, 0, seed=seeds[0] ^ 0x5BD1E995)
+            qw, sw = quantize_matrix(weight, fwd.rhs, 0, seed=derive_seed(seeds[0], SeedPurpose.RHS_OPERAND))
             check_finite(sw, "linear weight")
             y = dequant_epilogue(int_mm(qx, qw.t(), reuse_output=True), sx, sw.t(), None if bias is None else bias.float())
         else:
@@ -198,7 +199,7 @@ class _IntLinearFn(torch.autograd.Function):
             save_with_seeds(ctx, seeds, weight, qx, sx, *w_extra)
             ctx.x_rows_folded = True
         elif gw.integer:  # keep int8 codes of x for dW = dy^T x (quantized along its in-feature axis)
-            qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=seeds[2] ^ 0x5BD1E995)
+            qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=derive_seed(seeds[2], SeedPurpose.RHS_OPERAND))
             save_with_seeds(ctx, seeds, weight, qx_gw, sx_gw, *w_extra)
         else:
             save_with_seeds(ctx, seeds, weight, x2, *w_extra)
@@ -220,7 +221,7 @@ class _IntLinearFn(torch.autograd.Function):
         prec = ctx.prec
         dy2 = dy.to(torch.float32).reshape(-1, dy.shape[-1])
         if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
-            dy2 = ctx.grad_hook(dy2, seeds[2] ^ 0x2545F491)
+            dy2 = ctx.grad_hook(dy2, derive_seed(seeds[2], SeedPurpose.GRAD_HOOK))
         dx = dw = db = None
         gi, gw = prec.grad_input, prec.grad_weight
         row_spec = gi.lhs if ctx.needs_input_grad[0] and gi.integer else None

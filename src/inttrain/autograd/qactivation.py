@@ -36,7 +36,28 @@ log = logging.getLogger("inttrain")
 INT8_OPS: dict[Callable, Callable] = {}
 #: the same for a DeferredQuant input (ReLU and the residual add: they quantize their own output).
 DEFERRED_OPS: dict[Callable, Callable] = {}
-_FALLBACKS_SEEN: set[str] = set()
+
+
+class _FallbackLog:
+    """Owner of the names of the aten ops that ran in float on a QActivation in this process: each is logged
+    once, and :func:`fallback_ops_seen` reports them.  :meth:`clear` forgets them (each is logged again)."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def note(self, name: str) -> None:
+        if name not in self._seen:
+            self._seen.add(name)
+            log.info("inttrain dataflow: %s has no int8 version; it runs in float on the dequantized values", name)
+
+    def seen(self) -> set[str]:
+        return set(self._seen)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+FALLBACKS = _FallbackLog()
 _CL = torch.channels_last
 
 
@@ -158,10 +179,7 @@ class QActivation(torch.Tensor):
         if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
             (x,) = args
             return QActivation(x.codes, x.scale, x.zero_point, x.bits)
-        name = str(func)
-        if name not in _FALLBACKS_SEEN:
-            _FALLBACKS_SEEN.add(name)
-            log.info("inttrain dataflow: %s has no int8 version; it runs in float on the dequantized values", name)
+        FALLBACKS.note(str(func))
         unwrap = lambda a: a.dequantize() if isinstance(a, QActivation) else a  # noqa: E731
         return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
 
@@ -229,7 +247,7 @@ def _route(table: dict[Callable, Callable], func, args, kwargs):
 
 def fallback_ops_seen() -> set[str]:
     """Names of the aten ops that ran in float on a QActivation so far in this process."""
-    return set(_FALLBACKS_SEEN)
+    return FALLBACKS.seen()
 
 
 def dequantize_if_quantized(x: Any) -> Any:

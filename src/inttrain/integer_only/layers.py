@@ -1,5 +1,9 @@
 """Integer layers on torch integer tensors: the twins of :mod:`inttrain.micro.layers` (§4-§5).
 
+Residual add, batch norm, average pool, flatten and the containers are micro's classes themselves, run on
+:class:`~.ops.TorchOps` (one definition of the arithmetic); Linear, Conv2d, ReLU and max pool have their own
+torch forms here, since micro's are NumPy fast paths.
+
 Every GEMM is the project's exact integer kernel :func:`inttrain.kernels.matmul.int_mm`
 (``torch._int_mm``, int8 x int8 -> int32); rescaling is :func:`.ops.requantize`. ``forward``
 keeps its int32 accumulator in ``last_acc`` (for parity tests), and ``backward(g)`` leaves the
@@ -12,8 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..micro.layers import PROJ_CAP
-from .ops import IntTensor, check_int32, gemm, qmax, requantize, saturate, shift, shift_left_saturate, shift_round
+from ..micro import layers as _ml
+from .ops import IntTensor, TorchOps, check_int32, gemm, qmax, requantize, saturate, shift_round
 
 _MASTER_DTYPE = {16: torch.int16, 8: torch.int8}
 
@@ -52,15 +56,10 @@ class Param:
         return IntTensor(saturate(shift_round(self.acc, 8, "rne"), 8).to(torch.int8), self.exp + 8)
 
 
-class Layer:
-    params: list[Param] = []
-    need_input_grad = True
+class Layer(_ml.Layer):
+    """Base of the torch engine's layers: micro's, on :class:`~.ops.TorchOps`."""
 
-    def forward(self, x: IntTensor) -> IntTensor:
-        raise NotImplementedError
-
-    def backward(self, g: IntTensor) -> IntTensor | None:
-        raise NotImplementedError
+    OPS = TorchOps
 
 
 class Linear(Layer):
@@ -181,68 +180,15 @@ class MaxPool2d(Layer):
         return IntTensor(gx, g.exp)
 
 
-def pool_shift(n: int) -> int:
-    """t = ceil(log2 n) (docs §4.4)."""
-    return (int(n) - 1).bit_length()
+pool_shift = _ml.pool_shift
 
 
-def _rdiv(a: torch.Tensor, m: int) -> torch.Tensor:
-    return torch.div(a + m // 2, m, rounding_mode="floor")
+class AvgPool2d(Layer, _ml.AvgPool2d):
+    """k x k average pool, stride k, or ``global_pool``: :class:`inttrain.micro.layers.AvgPool2d` on torch."""
 
 
-class AvgPool2d(Layer):
-    """k x k average pool, stride k (trailing rows/cols dropped), or ``global_pool`` (output (N, C, 1, 1)).
-
-    Twin of :class:`inttrain.micro.layers.AvgPool2d` (docs §4.4): A = rdiv(S * 2**t, n) at ex - t with
-    t = ceil(log2 n) (A = S for n = 2**t), y = R_f(A); backward B = rdiv(G * 2**t, n) (B = G for
-    n = 2**t) at eg - t, R_b, broadcast over the window.
-    """
-
-    def __init__(self, kernel_size: int = 2, global_pool: bool = False, fwd_round: str = "rne",
-                 bwd_round: str = "pstoch"):
-        self.kernel_size, self.global_pool = kernel_size, global_pool
-        self.fwd_round, self.bwd_round = fwd_round, bwd_round
-        self.last_acc: torch.Tensor | None = None
-
-    def _window(self, h: int, w: int) -> tuple[int, int]:
-        return (h, w) if self.global_pool else (self.kernel_size, self.kernel_size)
-
-    def forward(self, x: IntTensor) -> IntTensor:
-        n, c, h, w = x.q.shape
-        kh, kw = self._window(h, w)
-        oh, ow = h // kh, w // kw
-        cnt = kh * kw
-        t = pool_shift(cnt)
-        s = x.q[:, :, :oh * kh, :ow * kw].reshape(n, c, oh, kh, ow, kw).to(torch.int64).sum(dim=(3, 5))
-        acc = s if cnt == 1 << t else _rdiv(s << t, cnt)
-        self.in_shape, self.last_acc = tuple(x.q.shape), acc
-        return requantize(acc, x.exp - t, self.fwd_round)
-
-    def backward(self, g: IntTensor) -> IntTensor:
-        n, c, h, w = self.in_shape
-        kh, kw = self._window(h, w)
-        oh, ow = h // kh, w // kw
-        cnt = kh * kw
-        t = pool_shift(cnt)
-        if cnt == 1 << t:
-            b = IntTensor(g.q, g.exp - t)
-        else:
-            b = requantize(_rdiv(g.q.to(torch.int64) << t, cnt), g.exp - t, self.bwd_round)
-        gx = torch.zeros(self.in_shape, dtype=torch.int8, device=g.q.device)
-        win = b.q.to(torch.int8).reshape(n, c, oh, 1, ow, 1).expand(n, c, oh, kh, ow, kw)
-        gx[:, :, :oh * kh, :ow * kw] = win.reshape(n, c, oh * kh, ow * kw)
-        return IntTensor(gx, b.exp)
-
-
-class Flatten(Layer):
-    """(N, ...) -> (N, prod(...)); backward reshapes back."""
-
-    def forward(self, x: IntTensor) -> IntTensor:
-        self.in_shape = tuple(x.q.shape)
-        return IntTensor(x.q.reshape(x.q.shape[0], -1), x.exp)
-
-    def backward(self, g: IntTensor) -> IntTensor:
-        return IntTensor(g.q.reshape(self.in_shape), g.exp)
+class Flatten(Layer, _ml.Flatten):
+    """(N, ...) -> (N, prod(...)); backward reshapes back (:class:`inttrain.micro.layers.Flatten` on torch)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,90 +196,20 @@ class Flatten(Layer):
 
 
 def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne") -> IntTensor:
-    """a + b with exponent alignment: right-shift both to e = max(ea, eb) (``mode``), add, requantize."""
-    e = max(int(a.exp), int(b.exp))
-    s = shift_round(a.q, e - int(a.exp), mode) + shift_round(b.q, e - int(b.exp), mode)
-    return requantize(s, e, mode)
+    """a + b with exponent alignment (:func:`inttrain.micro.layers.add_aligned` on torch)."""
+    return _ml.add_aligned(a, b, mode, TorchOps)
 
 
-def run_forward(layers: list[Layer], x: IntTensor) -> IntTensor:
-    for layer in layers:
-        x = layer.forward(x)
-    return x
+run_forward, run_backward, layer_named_params = _ml.run_forward, _ml.run_backward, _ml.layer_named_params
 
 
-def run_backward(layers: list[Layer], g: IntTensor) -> IntTensor | None:
-    for layer in reversed(layers):
-        g = layer.backward(g)
-        if g is None:
-            return None
-    return g
+class Residual(Layer, _ml.Residual):
+    """y = Add_f(block(x), shortcut(x)); gx = Add_b(block'(g), shortcut'(g)) (micro's Residual on torch)."""
 
 
-class Residual(Layer):
-    """y = Add_f(block(x), shortcut(x)) (identity shortcut when empty); gx = Add_b(block'(g), shortcut'(g))."""
-
-    def __init__(self, block: list[Layer], shortcut: list[Layer] | None = None,
-                 fwd_round: str = "rne", bwd_round: str = "pstoch"):
-        self.block, self.shortcut = list(block), list(shortcut or [])
-        self.fwd_round, self.bwd_round = fwd_round, bwd_round
-        self.params = [p for l in self.block + self.shortcut for p in l.params]
-
-    def named_params(self, prefix: str):
-        out = []
-        for part in ("block", "shortcut"):
-            for j, l in enumerate(getattr(self, part)):
-                out += layer_named_params(l, f"{prefix}.{part}.{j}")
-        return out
-
-    def forward(self, x: IntTensor) -> IntTensor:
-        return add_aligned(run_forward(self.block, x), run_forward(self.shortcut, x), self.fwd_round)
-
-    def backward(self, g: IntTensor) -> IntTensor | None:
-        for part in (self.block, self.shortcut):
-            if part:
-                part[0].need_input_grad = self.need_input_grad
-        gb = run_backward(self.block, g)
-        gs = run_backward(self.shortcut, g)
-        if not self.need_input_grad:
-            return None
-        return add_aligned(gb, gs, self.bwd_round)
-
-
-def layer_named_params(layer: Layer, prefix: str) -> list[tuple[str, Param]]:
-    if isinstance(layer, Residual):
-        return layer.named_params(prefix)
-    if isinstance(layer, BatchNorm):
-        return [(f"{prefix}.gamma", layer.gamma), (f"{prefix}.beta", layer.beta)]
-    if hasattr(layer, "weight"):
-        return [(f"{prefix}.weight", layer.weight)]
-    return []
-
-
-_POW2 = [1 << i for i in range(10)]
-
-
-def bitlen(r: torch.Tensor) -> torch.Tensor:
-    """bit_length of non-negative integers < 2**10, elementwise (0 for 0)."""
-    p = torch.tensor(_POW2, dtype=torch.int64, device=r.device)
-    return (r.to(torch.int64).unsqueeze(-1) >= p).sum(-1)
-
-
-def rdiv(a: torch.Tensor, m: int) -> torch.Tensor:
-    """round(a / m), halves up: (a + m // 2) // m."""
-    return torch.div(a.to(torch.int64) + m // 2, m, rounding_mode="floor")
-
-
-def _rows_shift(a: torch.Tensor, s: torch.Tensor, mode: str) -> torch.Tensor:
-    out = torch.empty_like(a)
-    for sv in sorted(set(s.tolist())):
-        rows = s == sv
-        out[rows] = shift_round(a[rows], sv, mode) if sv >= 0 else shift_left_saturate(a[rows], -sv)
-    return out
-
-
-class BatchNorm(Layer):
-    """Integer range batch normalization (docs §4.2); twin of :class:`inttrain.micro.layers.BatchNorm`."""
+class BatchNorm(Layer, _ml.BatchNorm):
+    """Integer range batch normalization (docs §4.2): :class:`inttrain.micro.layers.BatchNorm` on torch, over
+    given ``gamma``/``beta`` parameters."""
 
     def __init__(self, gamma: Param, beta: Param, fwd_round: str = "rne", bwd_round: str = "pstoch"):
         self.gamma, self.beta = gamma, beta
@@ -341,51 +217,3 @@ class BatchNorm(Layer):
         self.fwd_round, self.bwd_round = fwd_round, bwd_round
         self.params = [gamma, beta]
         self.last_acc: torch.Tensor | None = None
-
-    @staticmethod
-    def _cm(q: torch.Tensor) -> torch.Tensor:
-        return q.to(torch.int64).movedim(1, 0).reshape(q.shape[1], -1)
-
-    @staticmethod
-    def _uncm(a: torch.Tensor, shape) -> torch.Tensor:
-        return a.reshape((shape[1], shape[0], *shape[2:])).movedim(0, 1)
-
-    def forward(self, x: IntTensor) -> IntTensor:
-        xc = self._cm(x.q)
-        m = xc.shape[1]
-        mu = rdiv(xc.sum(dim=1), m)
-        d = xc - mu[:, None]
-        r = xc.amax(dim=1) - xc.amin(dim=1)
-        k = bitlen(r)
-        xh = saturate(_rows_shift(d, k - 7, self.fwd_round), 8)
-        g8, b8 = self.gamma.int8(), self.beta.int8()
-        eo = g8.exp - 7
-        bal = shift(b8.q.to(torch.int64), eo - b8.exp, self.fwd_round)
-        acc = xh * g8.q.to(torch.int64)[:, None] + bal[:, None]
-        self.saved = (x.exp, tuple(x.q.shape), xh, r, k, g8)
-        self.last_acc = self._uncm(acc, x.q.shape)
-        return requantize(self.last_acc, eo, self.fwd_round)
-
-    def backward(self, g: IntTensor) -> IntTensor | None:
-        ex, shape, xh, r, k, g8 = self.saved
-        gc = self._cm(g.q)
-        m = gc.shape[1]
-        dbeta = check_int32(gc.sum(dim=1), "batchnorm beta grad")
-        dgamma = check_int32((gc * xh).sum(dim=1), "batchnorm gamma grad")
-        self.gamma.grad, self.gamma.grad_exp = dgamma.to(torch.int32), g.exp - 7
-        self.beta.grad, self.beta.grad_exp = dbeta.to(torch.int32), g.exp
-        if not self.need_input_grad:
-            return None
-        mb = rdiv(check_int32(dbeta << 7, "batchnorm mean"), m)
-        sxx = torch.clamp((xh * xh).sum(dim=1), min=1)              # micro's projection_coefficient (§4.2)
-        pg = rdiv(dgamma << 14, sxx)
-        amx = torch.clamp(xh.abs().amax(dim=1), min=1)
-        cap = torch.div(torch.full_like(amx, PROJ_CAP), amx, rounding_mode="floor")
-        pg = torch.maximum(torch.minimum(pg, cap), -cap)
-        h = (gc << 14) - (mb << 7)[:, None] - xh * pg[:, None]
-        a = check_int32(g8.q.to(torch.int64)[:, None] * h, "batchnorm input grad")
-        live = r > 0
-        kmin = int(k[live].min()) if bool(live.any()) else 0
-        s = torch.where(live, k - kmin, torch.full_like(k, 63))
-        out = _rows_shift(a, s, self.bwd_round)
-        return requantize(self._uncm(out, shape), g.exp - 14 + g8.exp - ex - kmin, self.bwd_round)

@@ -13,18 +13,15 @@ import numpy as np
 import torch
 
 from .. import micro
+from ..micro.layers import SequentialCore
 from ..micro.model import check_batch_layers
-from .layers import (AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU, Residual,
-                     layer_named_params)
+from .layers import AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU, Residual
 from .loss import display_loss, softmax_cross_entropy_grad
 from .ops import IntTensor
 
 
-class Sequential:
-    def __init__(self, layers: list[Layer], desc: dict):
-        self.layers, self.desc = layers, desc
-        if layers:
-            layers[0].need_input_grad = False    # the data needs no error
+class Sequential(SequentialCore):
+    """The torch engine's model: micro's :class:`~inttrain.micro.layers.SequentialCore` over torch layers."""
 
     @classmethod
     def from_micro(cls, model: "micro.Sequential", device: torch.device | str | None = None) -> "Sequential":
@@ -43,23 +40,6 @@ class Sequential:
         for (_, mp), (_, p) in zip(m.named_params(), self.named_params()):
             mp.acc, mp.exp, mp.exp0 = p.acc.cpu().numpy().copy(), p.exp, p.exp0
         return m
-
-    def named_params(self) -> list[tuple[str, Param]]:
-        return [np_ for i, l in enumerate(self.layers) for np_ in layer_named_params(l, f"layers.{i}")]
-
-    def params(self) -> list[Param]:
-        return [p for _, p in self.named_params()]
-
-    def forward(self, x: IntTensor) -> IntTensor:
-        for layer in self.layers:
-            x = layer.forward(x)
-        return x
-
-    def backward(self, g: IntTensor) -> None:
-        for layer in reversed(self.layers):
-            g = layer.backward(g)
-            if g is None:
-                break
 
     def check_batch(self, batch_size: int) -> None:
         """Weight-gradient and batch-statistics reductions must stay int32-safe (§8); micro's check."""
@@ -81,34 +61,25 @@ class Sequential:
 
 
 def _layers_from_micro(specs: list[dict], mlayers: list, r: dict, device) -> list[Layer]:
-    layers: list[Layer] = []
-    for spec, ml in zip(specs, mlayers):
-        t = spec["type"]
-        if t == "linear":
-            layers.append(Linear(Param.from_micro(ml.weight, device), r["forward"], r["backward"]))
-        elif t == "conv2d":
-            layers.append(Conv2d(Param.from_micro(ml.weight, device), spec["stride"], spec["padding"],
-                                 r["forward"], r["backward"]))
-        elif t == "maxpool2d":
-            layers.append(MaxPool2d(spec["kernel_size"]))
-        elif t == "avgpool2d":
-            layers.append(AvgPool2d(spec["kernel_size"], False, r["forward"], r["backward"]))
-        elif t == "globalavgpool2d":
-            layers.append(AvgPool2d(0, True, r["forward"], r["backward"]))
-        elif t == "relu":
-            layers.append(ReLU())
-        elif t == "flatten":
-            layers.append(Flatten())
-        elif t == "batchnorm":
-            layers.append(BatchNorm(Param.from_micro(ml.gamma, device), Param.from_micro(ml.beta, device),
-                                    r["forward"], r["backward"]))
-        elif t == "residual":
-            layers.append(Residual(_layers_from_micro(spec["layers"], ml.block, r, device),
-                                   _layers_from_micro(spec["shortcut"], ml.shortcut, r, device),
-                                   r["forward"], r["backward"]))
-        else:                                  # pragma: no cover - the description is validated
-            raise ValueError(f"unsupported layer type {t!r}")
-    return layers
+    """The torch twin of each micro layer (validated ``specs``), its Params copied to ``device``."""
+    f, b = r["forward"], r["backward"]
+
+    def p(mp) -> Param:
+        return Param.from_micro(mp, device)
+
+    twin = {
+        "linear": lambda s, m: Linear(p(m.weight), f, b),
+        "conv2d": lambda s, m: Conv2d(p(m.weight), s["stride"], s["padding"], f, b),
+        "maxpool2d": lambda s, m: MaxPool2d(s["kernel_size"]),
+        "avgpool2d": lambda s, m: AvgPool2d(s["kernel_size"], False, f, b),
+        "globalavgpool2d": lambda s, m: AvgPool2d(0, True, f, b),
+        "relu": lambda s, m: ReLU(),
+        "flatten": lambda s, m: Flatten(),
+        "batchnorm": lambda s, m: BatchNorm(p(m.gamma), p(m.beta), f, b),
+        "residual": lambda s, m: Residual(_layers_from_micro(s["layers"], m.block, r, device),
+                                          _layers_from_micro(s["shortcut"], m.shortcut, r, device), f, b),
+    }
+    return [twin[s["type"]](s, m) for s, m in zip(specs, mlayers)]
 
 
 @dataclass

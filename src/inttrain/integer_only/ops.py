@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..kernels.matmul import int_mm
+from ..micro.ops import INT8_MAX, INT32_MAX, ROUNDING_MODES, qmax  # the format's constants: one definition
 
-ROUNDING_MODES = ("rne", "pstoch", "floor")
-INT8_MAX = 127
-INT32_MAX = 2**31 - 1
 INT32_LIMIT = INT32_MAX
 MAX_K = INT32_LIMIT // (127 * 127)   # 133144 (§8)
 
@@ -32,10 +31,6 @@ class IntTensor:
     def to_float(self) -> torch.Tensor:
         """Dequantized float64 view (tests and display only; never used by a training step)."""
         return self.q.to(torch.float64) * (2.0 ** self.exp)
-
-
-def qmax(bits: int) -> int:
-    return (1 << (bits - 1)) - 1
 
 
 def saturate(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
@@ -110,3 +105,66 @@ def check_int32(acc: torch.Tensor, what: str) -> torch.Tensor:
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Exact integer a @ b on the project's integer kernel (torch._int_mm); int32 (int64 if K is huge)."""
     return int_mm(a, b)
+
+
+def rdiv(a: torch.Tensor, m: int | torch.Tensor) -> torch.Tensor:
+    """round(a / m), halves up: (a + m // 2) // m (``m`` a Python int or a tensor of them)."""
+    return torch.div(a.to(torch.int64) + m // 2, m, rounding_mode="floor")
+
+
+_POW2 = [1 << i for i in range(10)]
+
+
+def bitlen(r: torch.Tensor) -> torch.Tensor:
+    """bit_length of non-negative integers < 2**10, elementwise (0 for 0)."""
+    p = torch.tensor(_POW2, dtype=torch.int64, device=r.device)
+    return (r.to(torch.int64).unsqueeze(-1) >= p).sum(-1)
+
+
+class _DeviceTables:
+    """Owner of the copies of constant integer tables (e.g. the loss's exp2 table) on each device, made on
+    first use per (table, device); :meth:`clear` drops them."""
+
+    def __init__(self) -> None:
+        self._copies: dict[tuple[int, torch.device], tuple[np.ndarray, torch.Tensor]] = {}
+
+    def get(self, t: np.ndarray, device: torch.device) -> torch.Tensor:
+        key = (id(t), device)
+        hit = self._copies.get(key)
+        if hit is None:                              # t is kept with its copy, so its id is never reused
+            hit = self._copies[key] = (t, torch.from_numpy(np.array(t, copy=True)).to(device))
+        return hit[1]
+
+    def clear(self) -> None:
+        self._copies.clear()
+
+
+DEVICE_TABLES = _DeviceTables()
+
+
+class TorchOps:
+    """:class:`inttrain.micro.ops.NumpyOps` on torch integer tensors (exact, device-agnostic): the primitives
+    the shared integer engine (SGD, loss, residual add, batch norm, average pool, containers) runs on.  See
+    NumpyOps for what each means; a gradient stays int32 here (``weight_grad``), as the GEMM kernels give it."""
+
+    IntTensor = IntTensor
+    shift, shift_round, shift_left_saturate, saturate, requantize, absmax, rdiv, bitlen, check_int32 = map(
+        staticmethod, (shift, shift_round, shift_left_saturate, saturate, requantize, absmax, rdiv, bitlen, check_int32))
+    clip, where, moveaxis = staticmethod(torch.clamp), staticmethod(torch.where), staticmethod(torch.movedim)
+    wide = staticmethod(lambda a: a.to(torch.int64))
+    int32 = weight_grad = staticmethod(lambda a: a.to(torch.int32))
+    int8 = staticmethod(lambda a: a.to(torch.int8))
+    cast_like = staticmethod(lambda a, ref: a.to(ref.dtype))
+    zeros = staticmethod(lambda ref, bits: torch.zeros(ref.shape, dtype=torch.int64 if bits == 64 else torch.int32,
+                                                       device=ref.device))
+    zeros_int8 = staticmethod(lambda shape, like: torch.zeros(shape, dtype=torch.int8, device=like.device))
+    broadcast_to = staticmethod(lambda a, shape: a.expand(shape))
+    amax = staticmethod(lambda a, axis, keepdims=False: a.amax(dim=axis, keepdim=keepdims))
+    amin = staticmethod(lambda a, axis, keepdims=False: a.amin(dim=axis, keepdim=keepdims))
+    sum = staticmethod(lambda a, axis, keepdims=False: a.sum(dim=axis, keepdim=keepdims, dtype=torch.int64))
+    copy = staticmethod(torch.clone)
+    empty_like = staticmethod(torch.empty_like)
+    arange = staticmethod(lambda n, like: torch.arange(n, device=like.device))
+    index = staticmethod(lambda labels, like: labels.to(device=like.device, dtype=torch.int64))
+    table = staticmethod(lambda t, like: DEVICE_TABLES.get(t, like.device))
+    distinct = staticmethod(lambda a: sorted(set(a.tolist())))

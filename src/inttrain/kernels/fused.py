@@ -10,10 +10,10 @@ codes bit for bit for round-to-nearest (tested).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import types
-from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -26,17 +26,41 @@ __all__ = ["quantize_matrix", "dequant_epilogue", "compile_enabled"]
 log = logging.getLogger(__name__)
 
 
-class _FusionSwitch:
-    """Owner of the one process-wide decision "compile the quantize passes": the user's INTTRAIN_COMPILE
-    (read, never written) and whether a compilation has already failed on this machine."""
+class _Fusion:
+    """Owner of the process-wide fusion state: the decision "compile the quantize passes" (the user's
+    INTTRAIN_COMPILE, read, never written, and whether a compilation has already failed on this machine) and
+    the compiled specialisations made so far.  :meth:`clear` forgets both (the next call compiles afresh)."""
 
-    failed: bool = False
+    def __init__(self) -> None:
+        self.failed = False
+        self._compiled: dict[tuple[Callable, tuple], Callable] = {}
+        self._made = itertools.count()  # never reset: every clone gets a code-object name of its own
 
     def enabled(self) -> bool:
         return not self.failed and os.environ.get("INTTRAIN_COMPILE", "1") not in ("0", "false", "no")
 
+    def compiled(self, fn: Callable, constants: tuple) -> Callable:
+        """``fn`` with its trailing non-tensor arguments fixed, compiled once per distinct ``constants``.
 
-FUSION = _FusionSwitch()
+        Each specialisation gets its own code object: dynamo keeps one guard cache per code object with
+        a small recompile limit, and a model easily has more than 8 (spec, axis, layout) combinations.
+        """
+        key = (fn, constants)
+        run = self._compiled.get(key)
+        if run is None:
+            code = fn.__code__.replace(co_name=f"{fn.__name__}_{next(self._made)}")
+            clone = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+            compiled = torch.compile(clone, dynamic=True)
+            run = self._compiled[key] = lambda *tensors: compiled(*tensors, *constants)
+        return run
+
+    def clear(self) -> None:
+        """Drop the compiled specialisations and the "compilation failed" mark."""
+        self._compiled.clear()
+        self.failed = False
+
+
+FUSION = _Fusion()
 
 
 def compile_enabled() -> bool:
@@ -68,27 +92,10 @@ def _epilogue_impl(acc: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, bias: 
     return y if bias is None else y + bias
 
 
-@lru_cache(maxsize=None)
-def _compiled(fn: Callable, constants: tuple) -> Callable:
-    """``fn`` with its trailing non-tensor arguments fixed, compiled once per distinct ``constants``.
-
-    Each specialisation gets its own code object: dynamo keeps one guard cache per code object with
-    a small recompile limit, and a model easily has more than 8 (spec, axis, layout) combinations.
-    """
-    code = fn.__code__.replace(co_name=f"{fn.__name__}_{len(_SPECIALISED)}")
-    _SPECIALISED.append(constants)
-    clone = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-    compiled = torch.compile(clone, dynamic=True)
-    return lambda *tensors: compiled(*tensors, *constants)
-
-
-_SPECIALISED: list[tuple] = []
-
-
 def _run(fn: Callable, tensors: tuple, constants: tuple):
     if compile_enabled() and not torch.compiler.is_compiling():
         try:
-            return _compiled(fn, constants)(*tensors)
+            return FUSION.compiled(fn, constants)(*tensors)
         except Exception as exc:  # a missing C++ compiler, an unsupported platform...
             log.warning("torch.compile failed (%s); inttrain falls back to eager quantize passes", exc)
             FUSION.failed = True

@@ -13,18 +13,31 @@ import threading
 
 import torch
 
-__all__ = ["scratch"]
-
-_LOCAL = threading.local()
+__all__ = ["scratch", "WORKSPACE", "Workspace"]
 
 
-def scratch(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A buffer of ``shape``/``dtype`` reused across calls: valid only until the next call for that shape."""
-    buffers = getattr(_LOCAL, "buffers", None)
-    if buffers is None:
-        buffers = _LOCAL.buffers = {}
-    key = (tuple(shape), dtype, str(device))
-    buf = buffers.get(key)
-    if buf is None:
-        buf = buffers[key] = torch.empty(shape, dtype=dtype, device=device)
-    return buf
+class Workspace(threading.local):
+    """Owner of the scratch buffers, one set per thread (a ``threading.local``: two threads never share a
+    buffer).  this module holds the one instance, :data:`WORKSPACE`; :meth:`clear` frees the calling
+    thread's buffers (the next call allocates afresh)."""
+
+    def __init__(self) -> None:  # runs once in each thread that touches the workspace
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def scratch(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A buffer of ``shape``/``dtype`` reused across calls: valid only until the next call for that shape."""
+        key = (tuple(shape), dtype, str(device))
+        buf = self.buffers.get(key)
+        if buf is None:
+            buf = self.buffers[key] = torch.empty(shape, dtype=dtype, device=device)
+        return buf
+
+    def clear(self) -> None:
+        """Free this thread's buffers."""
+        self.buffers.clear()
+
+
+WORKSPACE = Workspace()
+
+#: ``WORKSPACE.scratch``: the function the GEMM paths call.
+scratch = WORKSPACE.scratch

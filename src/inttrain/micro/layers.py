@@ -11,17 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from .gemm import exact_float_dtype, int_matmul, matmul_exact
-from .ops import IntTensor, absmax, qmax, requantize, saturate, shift, shift_left_saturate, shift_round
+from .ops import (INT32_MAX, IntTensor, NumpyOps, absmax, bitlen, check_int32, qmax, rdiv, requantize, saturate,
+                  shift_round)
 
-INT32_LIMIT = 2**31 - 1
+INT32_LIMIT = INT32_MAX
 MAX_K = INT32_LIMIT // (127 * 127)   # 133144: longest reduction whose int8 x int8 sum fits int32
-
-
-def check_int32(acc: np.ndarray, what: str) -> np.ndarray:
-    """Accumulators are int32 in the spec; the shapes are validated so this never fires."""
-    if absmax(acc) > INT32_LIMIT:
-        raise OverflowError(f"{what}: int32 accumulator overflow")
-    return acc
 
 
 def requantize_checked(acc: np.ndarray, exp: int, mode: str, what: str) -> IntTensor:
@@ -111,8 +105,16 @@ class Param:
 
 
 class Layer:
+    """Base of every layer of both engines.  ``OPS`` is the array library the shared arithmetic runs on
+    (:class:`~inttrain.micro.ops.NumpyOps` here; ``inttrain.integer_only`` sets its torch twin)."""
+
+    OPS = NumpyOps
     params: list[Param] = []
     need_input_grad = True
+
+    def named_params(self, prefix: str) -> list[tuple[str, Param]]:
+        """(name, Param) of this layer: ``prefix.weight`` (layers with other parameters override this)."""
+        return [(f"{prefix}.weight", self.weight)] if hasattr(self, "weight") else []
 
     def forward(self, x: IntTensor) -> IntTensor:
         raise NotImplementedError
@@ -440,10 +442,11 @@ class AvgPool2d(Layer):
         oh, ow = h // kh, w // kw
         cnt = kh * kw
         t = pool_shift(cnt)
-        s = x.q[:, :, :oh * kh, :ow * kw].reshape(n, c, oh, kh, ow, kw).sum(axis=(3, 5), dtype=np.int64)
-        acc = s if cnt == 1 << t else rdiv(s << t, cnt)
-        self.in_shape, self.last_acc = x.q.shape, acc
-        return requantize(acc, x.exp - t, self.fwd_round)
+        ops = self.OPS
+        s = ops.sum(x.q[:, :, :oh * kh, :ow * kw].reshape(n, c, oh, kh, ow, kw), (3, 5))
+        acc = s if cnt == 1 << t else ops.rdiv(s << t, cnt)
+        self.in_shape, self.last_acc = tuple(x.q.shape), acc
+        return ops.requantize(acc, x.exp - t, self.fwd_round)
 
     def backward(self, g: IntTensor) -> IntTensor:
         n, c, h, w = self.in_shape
@@ -451,14 +454,15 @@ class AvgPool2d(Layer):
         oh, ow = h // kh, w // kw
         cnt = kh * kw
         t = pool_shift(cnt)
+        ops = self.OPS
         if cnt == 1 << t:
-            b = IntTensor(g.q, g.exp - t)                      # exact: the same codes, exponent - t
+            b = ops.IntTensor(g.q, g.exp - t)                  # exact: the same codes, exponent - t
         else:
-            b = requantize(rdiv(g.q.astype(np.int64) << t, cnt), g.exp - t, self.bwd_round)
-        gx = np.zeros(self.in_shape, dtype=np.int8)
-        win = np.broadcast_to(b.q.reshape(n, c, oh, 1, ow, 1), (n, c, oh, kh, ow, kw))
+            b = ops.requantize(ops.rdiv(ops.wide(g.q) << t, cnt), g.exp - t, self.bwd_round)
+        gx = ops.zeros_int8(self.in_shape, g.q)
+        win = ops.broadcast_to(b.q.reshape(n, c, oh, 1, ow, 1), (n, c, oh, kh, ow, kw))
         gx[:, :, :oh * kh, :ow * kw] = win.reshape(n, c, oh * kh, ow * kw)
-        return IntTensor(gx, b.exp)
+        return ops.IntTensor(gx, b.exp)
 
     def out_shape(self, in_shape):
         c, h, w = in_shape
@@ -476,11 +480,11 @@ class Flatten(Layer):
     """(N, ...) -> (N, prod(...)); backward reshapes back."""
 
     def forward(self, x: IntTensor) -> IntTensor:
-        self.in_shape = x.q.shape
-        return IntTensor(x.q.reshape(x.q.shape[0], -1), x.exp)
+        self.in_shape = tuple(x.q.shape)
+        return self.OPS.IntTensor(x.q.reshape(x.q.shape[0], -1), x.exp)
 
     def backward(self, g: IntTensor) -> IntTensor:
-        return IntTensor(g.q.reshape(self.in_shape), g.exp)
+        return self.OPS.IntTensor(g.q.reshape(self.in_shape), g.exp)
 
     def out_shape(self, in_shape):
         return (int(np.prod(in_shape)),)
@@ -493,7 +497,7 @@ class Flatten(Layer):
 # Residual additions (§4.1) and integer batch normalization (§4.2)
 
 
-def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne") -> IntTensor:
+def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne", ops: type = NumpyOps) -> IntTensor:
     """a + b for int8 tensors with different exponents (docs §4.1).
 
     Align to the larger exponent e = max(ea, eb) by a rounding right shift of each operand by
@@ -501,8 +505,8 @@ def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne") -> IntTensor:
     of 0 or 1). Exact integer arithmetic; no saturation is needed before the requantization.
     """
     e = max(int(a.exp), int(b.exp))
-    s = shift_round(a.q, e - int(a.exp), mode) + shift_round(b.q, e - int(b.exp), mode)
-    return requantize(s, e, mode)
+    s = ops.shift_round(a.q, e - int(a.exp), mode) + ops.shift_round(b.q, e - int(b.exp), mode)
+    return ops.requantize(s, e, mode)
 
 
 def run_forward(layers: list[Layer], x: IntTensor) -> IntTensor:
@@ -533,15 +537,12 @@ class Residual(Layer):
         self.fwd_round, self.bwd_round = fwd_round, bwd_round
         self.params = [p for l in self.block + self.shortcut for p in l.params]
 
-    def named_params(self, prefix: str):
-        out = []
-        for part in ("block", "shortcut"):
-            for j, l in enumerate(getattr(self, part)):
-                out += layer_named_params(l, f"{prefix}.{part}.{j}")
-        return out
+    def named_params(self, prefix: str) -> list[tuple[str, Param]]:
+        return [np_ for part in ("block", "shortcut") for j, l in enumerate(getattr(self, part))
+                for np_ in l.named_params(f"{prefix}.{part}.{j}")]
 
     def forward(self, x: IntTensor) -> IntTensor:
-        return add_aligned(run_forward(self.block, x), run_forward(self.shortcut, x), self.fwd_round)
+        return add_aligned(run_forward(self.block, x), run_forward(self.shortcut, x), self.fwd_round, self.OPS)
 
     def backward(self, g: IntTensor) -> IntTensor | None:
         for part in (self.block, self.shortcut):
@@ -551,7 +552,7 @@ class Residual(Layer):
         gs = run_backward(self.shortcut, g)
         if not self.need_input_grad:
             return None
-        return add_aligned(gb, gs, self.bwd_round)
+        return add_aligned(gb, gs, self.bwd_round, self.OPS)
 
     def out_shape(self, in_shape):
         for l in self.block:
@@ -561,51 +562,57 @@ class Residual(Layer):
 
 def layer_named_params(layer: Layer, prefix: str) -> list[tuple[str, Param]]:
     """(name, Param) of a layer: ``prefix.weight``; ``prefix.gamma``/``.beta``; residuals recurse."""
-    if isinstance(layer, Residual):
-        return layer.named_params(prefix)
-    if isinstance(layer, BatchNorm):
-        return [(f"{prefix}.gamma", layer.gamma), (f"{prefix}.beta", layer.beta)]
-    if hasattr(layer, "weight"):
-        return [(f"{prefix}.weight", layer.weight)]
-    return []
+    return layer.named_params(prefix)
+
+
+class SequentialCore:
+    """A list of layers run in order (the containers of both engines share it).  The first layer computes no
+    input error: the data needs none."""
+
+    def __init__(self, layers: list[Layer], desc: dict):
+        self.layers, self.desc = layers, desc
+        if layers:
+            layers[0].need_input_grad = False
+
+    def named_params(self) -> list[tuple[str, Param]]:
+        return [np_ for i, l in enumerate(self.layers) for np_ in l.named_params(f"layers.{i}")]
+
+    def params(self) -> list[Param]:
+        return [p for _, p in self.named_params()]
+
+    def forward(self, x: IntTensor) -> IntTensor:
+        return run_forward(self.layers, x)
+
+    def backward(self, g: IntTensor) -> None:
+        run_backward(self.layers, g)
 
 
 BN_MAX_COUNT = INT32_LIMIT // (127 * 128)   # 132104: sum of G << 7 over the batch fits int32
 
 
-def bitlen(r: np.ndarray) -> np.ndarray:
-    """bit_length of non-negative integers < 2**10, elementwise (0 for 0)."""
-    return (np.asarray(r, dtype=np.int64)[..., None] >= (1 << np.arange(10))).sum(-1)
-
-
-def rdiv(a: np.ndarray, m: int) -> np.ndarray:
-    """round(a / m) for integers a and m >= 1, halves up: (a + m // 2) // m."""
-    return (np.asarray(a, dtype=np.int64) + m // 2) // m
-
-
-def _rows_shift(a: np.ndarray, s: np.ndarray, mode: str) -> np.ndarray:
+def _rows_shift(a: np.ndarray, s: np.ndarray, mode: str, ops: type = NumpyOps) -> np.ndarray:
     """Row c of ``a`` (C, M) multiplied by 2**-s[c] (rounding right / saturating left shift)."""
-    out = np.empty_like(a)
-    for sv in np.unique(s):
+    out = ops.empty_like(a)
+    for sv in ops.distinct(s):
         rows = s == sv
-        out[rows] = shift(a[rows], int(sv), mode) if sv >= 0 else shift_left_saturate(a[rows], -int(sv))
+        out[rows] = ops.shift(a[rows], sv, mode)
     return out
 
 
 PROJ_CAP = 1 << 21          # |Xh * pg| <= 2**21 = |G << 14| bound: |g8 * h| < 127 * 3 * 2**21 < 2**31 (§4.2)
 
 
-def projection_coefficient(dgamma: np.ndarray, xh: np.ndarray) -> np.ndarray:
+def projection_coefficient(dgamma: np.ndarray, xh: np.ndarray, ops: type = NumpyOps) -> np.ndarray:
     """pg = rdiv(sum(G Xh) * 2**14, sum(Xh^2)) per channel, capped to |pg| <= PROJ_CAP // max|Xh| (docs §4.2).
 
     Xh * pg (at eg - 14) is the projection of the error on the normalized input. Float batch norm subtracts
     Xh * mean(G Xh) for a unit-variance Xh; this Xh = D / 2**k has a variance of ~1/144, so the projection is
     divided by sum(Xh^2) instead of M. The cap (rarely reached: only when Xh is concentrated on a few values)
     keeps every term of the input gradient within int32."""
-    sxx = (xh * xh).sum(axis=1)
-    pg = rdiv(dgamma.astype(np.int64) << 14, np.maximum(sxx, 1))
-    cap = PROJ_CAP // np.maximum(np.abs(xh).max(axis=1), 1) if xh.shape[1] else np.zeros(len(xh), dtype=np.int64)
-    return np.clip(pg, -cap, cap)
+    sxx = ops.sum(xh * xh, 1)
+    pg = ops.rdiv(ops.wide(dgamma) << 14, ops.clip(sxx, 1, None))
+    cap = PROJ_CAP // ops.clip(ops.amax(abs(xh), 1), 1, None) if xh.shape[1] else ops.zeros(pg, 64)
+    return ops.clip(pg, -cap, cap)
 
 
 class BatchNorm(Layer):
@@ -627,51 +634,54 @@ class BatchNorm(Layer):
         self.beta = Param(np.zeros(num_features, dtype=np.int64), e, bits)
         self.params = [self.gamma, self.beta]
 
-    @staticmethod
-    def _cm(q: np.ndarray) -> np.ndarray:
-        """(N, C, ...) -> channel-major (C, M), int64."""
-        return np.moveaxis(q.astype(np.int64), 1, 0).reshape(q.shape[1], -1)
+    def named_params(self, prefix: str) -> list[tuple[str, Param]]:
+        return [(f"{prefix}.gamma", self.gamma), (f"{prefix}.beta", self.beta)]
 
-    @staticmethod
-    def _uncm(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    def _cm(self, q: np.ndarray) -> np.ndarray:
+        """(N, C, ...) -> channel-major (C, M), int64."""
+        return self.OPS.moveaxis(self.OPS.wide(q), 1, 0).reshape(q.shape[1], -1)
+
+    def _uncm(self, a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         c = shape[1]
-        return np.moveaxis(a.reshape((c, shape[0], *shape[2:])), 0, 1)
+        return self.OPS.moveaxis(a.reshape((c, shape[0], *shape[2:])), 0, 1)
 
     def forward(self, x: IntTensor) -> IntTensor:
+        ops = self.OPS
         xc = self._cm(x.q)
         m = xc.shape[1]
-        mu = rdiv(xc.sum(axis=1), m)
+        mu = ops.rdiv(ops.sum(xc, 1), m)
         d = xc - mu[:, None]
-        r = (xc.max(axis=1) - xc.min(axis=1)) if m else np.zeros(len(xc), dtype=np.int64)
-        k = bitlen(r)
-        xh = saturate(_rows_shift(d, k - 7, self.fwd_round), 8)
+        r = (ops.amax(xc, 1) - ops.amin(xc, 1)) if m else ops.zeros(mu, 64)
+        k = ops.bitlen(r)
+        xh = ops.saturate(_rows_shift(d, k - 7, self.fwd_round, ops), 8)
         g8, b8 = self.gamma.int8(), self.beta.int8()
         eo = g8.exp - 7
-        bal = shift(b8.q.astype(np.int64), eo - b8.exp, self.fwd_round)
-        acc = xh * g8.q.astype(np.int64)[:, None] + bal[:, None]
+        bal = ops.shift(ops.wide(b8.q), eo - b8.exp, self.fwd_round)
+        acc = xh * ops.wide(g8.q)[:, None] + bal[:, None]
         self.saved = (x.exp, tuple(x.q.shape), xh, r, k, g8)
         self.last_acc = self._uncm(acc, x.q.shape)
-        return requantize(self.last_acc, eo, self.fwd_round)
+        return ops.requantize(self.last_acc, eo, self.fwd_round)
 
     def backward(self, g: IntTensor) -> IntTensor | None:
+        ops = self.OPS
         ex, shape, xh, r, k, g8 = self.saved
         gc = self._cm(g.q)
         m = gc.shape[1]
-        dbeta = check_int32(gc.sum(axis=1), "batchnorm beta grad")
-        dgamma = check_int32((gc * xh).sum(axis=1), "batchnorm gamma grad")
-        self.gamma.grad, self.gamma.grad_exp = dgamma, g.exp - 7
-        self.beta.grad, self.beta.grad_exp = dbeta, g.exp
+        dbeta = ops.check_int32(ops.sum(gc, 1), "batchnorm beta grad")
+        dgamma = ops.check_int32(ops.sum(gc * xh, 1), "batchnorm gamma grad")
+        self.gamma.grad, self.gamma.grad_exp = ops.weight_grad(dgamma), g.exp - 7
+        self.beta.grad, self.beta.grad_exp = ops.weight_grad(dbeta), g.exp
         if not self.need_input_grad:
             return None
-        mb = rdiv(check_int32(dbeta << 7, "batchnorm mean"), m)         # mean(G) at eg - 7
-        pg = projection_coefficient(dgamma, xh)
+        mb = ops.rdiv(ops.check_int32(dbeta << 7, "batchnorm mean"), m)     # mean(G) at eg - 7
+        pg = projection_coefficient(dgamma, xh, ops)
         h = (gc << 14) - (mb << 7)[:, None] - xh * pg[:, None]            # at eg - 14
-        a = check_int32(g8.q.astype(np.int64)[:, None] * h, "batchnorm input grad")
+        a = ops.check_int32(ops.wide(g8.q)[:, None] * h, "batchnorm input grad")
         live = r > 0
         kmin = int(k[live].min()) if live.any() else 0
-        s = np.where(live, k - kmin, 63)                                  # dead channels -> 0
-        out = _rows_shift(a, s, self.bwd_round)
-        return requantize(self._uncm(out, shape), g.exp - 14 + g8.exp - ex - kmin, self.bwd_round)
+        s = ops.where(live, k - kmin, 63)                                 # dead channels -> 0
+        out = _rows_shift(a, s, self.bwd_round, ops)
+        return ops.requantize(self._uncm(out, shape), g.exp - 14 + g8.exp - ex - kmin, self.bwd_round)
 
     def describe(self):
         return {"type": "batchnorm", "num_features": self.num_features}

@@ -2,13 +2,16 @@
 
 exp is computed base 2 with a 256-entry Q15 table: e^(z * 2**e) = 2^(t), t = z * 2**e * log2(e),
 t in Q8 fixed point with LOG2E_Q8 = round(256 * log2(e)) = 369.
+
+Written once for both engines: ``ops`` is the array library (:class:`~inttrain.micro.ops.NumpyOps` here,
+``inttrain.integer_only`` passes its torch twin).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .ops import IntTensor, shift_left_saturate, shift_round
+from .ops import IntTensor, NumpyOps
 
 LOG2E_Q8 = 369                                    # round(256 * log2(e)) = round(369.33)
 EXP2_LUT = np.array([round(2.0 ** (i / 256) * 32768) for i in range(256)], dtype=np.int64)  # Q15
@@ -17,15 +20,15 @@ ERR_EXP = -7                                      # the error is p - onehot in Q
 T_MIN = -(63 << 8)                                # t below this gives E = 0 anyway
 
 
-def exp2_q15(t_q8: np.ndarray) -> np.ndarray:
+def exp2_q15(t_q8: np.ndarray, ops: type = NumpyOps) -> np.ndarray:
     """2**(t/256) * 2**15 for integer t <= 0 (Q8): LUT[t & 255] shifted right by -(t >> 8), rne."""
-    t = np.maximum(np.asarray(t_q8, dtype=np.int64), T_MIN)
+    t = ops.clip(ops.wide(t_q8), T_MIN, None)
     ip = t >> 8                                   # floor(t / 256) <= 0
     f = t & 255
-    lut = EXP2_LUT[f]
+    lut = ops.table(EXP2_LUT, t)[f]
     # the same as shift_round(lut, -ip, "rne") element by element, vectorized over the shift; since
     # lut < 2**17, any shift >= 18 gives 0 either way, so shifts are capped at 20
-    s = np.minimum(-ip, 20)
+    s = ops.clip(-ip, None, 20)
     q = lut >> s
     r = lut & ((1 << s) - 1)
     half = (1 << s) >> 1
@@ -33,27 +36,28 @@ def exp2_q15(t_q8: np.ndarray) -> np.ndarray:
     return q + up
 
 
-def softmax_q7(logits: IntTensor) -> np.ndarray:
+def softmax_q7(logits: IntTensor, ops: type = NumpyOps) -> np.ndarray:
     """Integer softmax of int8 logits (N, C) at exponent e: probabilities in Q7 (sum ~ 128)."""
-    q = logits.q.astype(np.int64)
-    z = q - q.max(axis=1, keepdims=True)          # <= 0, >= -254
+    q = ops.wide(logits.q)
+    z = q - ops.amax(q, 1, keepdims=True)         # <= 0, >= -254
     zl = z * LOG2E_Q8
     e = int(logits.exp)
-    t = shift_round(zl, -e, "rne") if e <= 0 else shift_left_saturate(zl, e, limit=-T_MIN)
-    big_e = exp2_q15(t)                           # (N, C), the maximum is exactly 32768
-    s = big_e.sum(axis=1, keepdims=True)          # >= 32768
+    t = ops.shift_round(zl, -e, "rne") if e <= 0 else ops.shift_left_saturate(zl, e, limit=-T_MIN)
+    big_e = exp2_q15(t, ops)                      # (N, C), the maximum is exactly 32768
+    s = ops.sum(big_e, 1, keepdims=True)          # >= 32768
     return (big_e * 256 + s) // (2 * s)           # round(E * 128 / S), halves up
 
 
-def softmax_cross_entropy_grad(logits: IntTensor, labels: np.ndarray) -> tuple[IntTensor, np.ndarray]:
+def softmax_cross_entropy_grad(logits: IntTensor, labels: np.ndarray,
+                               ops: type = NumpyOps) -> tuple[IntTensor, np.ndarray]:
     """Error dL/dlogits = p - onehot(labels) as int8 codes at exponent -7 (summed loss, no mean).
 
     Returns (error, p_q7). Saturation maps -128 (p_y = 0) to -127.
     """
-    p = softmax_q7(logits)
-    err = p.copy()
-    err[np.arange(len(labels)), labels] -= 128
-    return IntTensor(np.clip(err, -127, 127).astype(np.int8), ERR_EXP), p
+    p = softmax_q7(logits, ops)
+    err = ops.copy(p)
+    err[ops.arange(len(labels), p), ops.index(labels, p)] -= 128
+    return ops.IntTensor(ops.int8(ops.clip(err, -127, 127)), ERR_EXP), p
 
 
 def display_loss(logits: IntTensor, labels: np.ndarray) -> float:

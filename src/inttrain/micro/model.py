@@ -11,7 +11,7 @@ import numpy as np
 from .errors import MicroFormatError
 from .io import read_json, read_npz, read_safetensors, write_safetensors
 from .layers import (BN_MAX_COUNT, MAX_K, MAX_POOL_WINDOW, AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Residual,
-                     layer_named_params)
+                     SequentialCore)
 from .loss import display_loss, softmax_cross_entropy_grad
 from .ops import ROUNDING_MODES, IntTensor, qmax
 
@@ -281,11 +281,8 @@ def _batch_ok(desc: dict, batch_size: int, limit: int | None) -> bool:
     return True
 
 
-class Sequential:
-    def __init__(self, layers: list[Layer], desc: dict):
-        self.layers, self.desc = layers, desc
-        if layers:
-            layers[0].need_input_grad = False    # the data needs no error
+class Sequential(SequentialCore):
+    """The NumPy engine's model: :class:`~inttrain.micro.layers.SequentialCore` built from a description."""
 
     @classmethod
     def from_description(cls, desc: dict, where: str = "model description") -> "Sequential":
@@ -293,23 +290,6 @@ class Sequential:
         rng = np.random.default_rng(d["seed"])
         layers = build_layers(d["layers"], d["weight_bits"], d["rounding"], rng)
         return cls(layers, d)
-
-    def named_params(self):
-        return [np_ for i, l in enumerate(self.layers) for np_ in layer_named_params(l, f"layers.{i}")]
-
-    def params(self):
-        return [p for _, p in self.named_params()]
-
-    def forward(self, x: IntTensor) -> IntTensor:
-        for layer in self.layers:
-            x = layer.forward(x)
-        return x
-
-    def backward(self, g: IntTensor) -> None:
-        for layer in reversed(self.layers):
-            g = layer.backward(g)
-            if g is None:
-                break
 
     def check_batch(self, batch_size: int) -> None:
         """Weight-gradient reductions run over batch (x output pixels): keep them int32-safe; and a batch's

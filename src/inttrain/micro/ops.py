@@ -155,3 +155,114 @@ def requantize(acc: np.ndarray, exp: int, mode: str = "rne", bits: int = 8, amax
         y = shift_round_fast(acc, s, mode)
     np.clip(y, -qm, qm, out=y)                  # only +-2**(bits-1) can occur here
     return IntTensor(y.astype(dtype), int(exp) + s)
+
+
+def rdiv(a: np.ndarray, m) -> np.ndarray:
+    """round(a / m) for integers a and m >= 1 (a Python int or an array), halves up: (a + m // 2) // m."""
+    return (np.asarray(a, dtype=np.int64) + m // 2) // m
+
+
+def bitlen(r: np.ndarray) -> np.ndarray:
+    """bit_length of non-negative integers < 2**10, elementwise (0 for 0)."""
+    return (np.asarray(r, dtype=np.int64)[..., None] >= (1 << np.arange(10))).sum(-1)
+
+
+def check_int32(acc: np.ndarray, what: str) -> np.ndarray:
+    """Accumulators are int32 in the spec; the shapes are validated so this never fires."""
+    if absmax(acc) > INT32_MAX:
+        raise OverflowError(f"{what}: int32 accumulator overflow")
+    return acc
+
+
+class NumpyOps:
+    """The array operations the integer engine is written against, on NumPy (the torch twin:
+    :class:`inttrain.integer_only.ops.TorchOps`).
+
+    The engine's arithmetic -- SGD update, softmax cross-entropy gradient, residual add, batch norm, average
+    pool, containers -- is written once against this interface, so both engines run the same code; only these
+    primitives differ, and each is exact integer arithmetic in both libraries.  Array operators (``+ - * //
+    >> << & | == <``, indexing, ``reshape``, ``.shape``) are used directly: they mean the same in both."""
+
+    IntTensor = IntTensor
+    shift = staticmethod(shift)
+    shift_round = staticmethod(shift_round)
+    shift_left_saturate = staticmethod(shift_left_saturate)
+    saturate = staticmethod(saturate)
+    requantize = staticmethod(requantize)
+    absmax = staticmethod(absmax)
+    rdiv = staticmethod(rdiv)
+    bitlen = staticmethod(bitlen)
+    check_int32 = staticmethod(check_int32)
+    clip = staticmethod(np.clip)
+    where = staticmethod(np.where)
+    moveaxis = staticmethod(np.moveaxis)
+    broadcast_to = staticmethod(np.broadcast_to)
+
+    @staticmethod
+    def wide(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int64)
+
+    @staticmethod
+    def int32(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int32)
+
+    @staticmethod
+    def int8(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int8)
+
+    @staticmethod
+    def cast_like(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        return a.astype(ref.dtype)
+
+    @staticmethod
+    def weight_grad(a: np.ndarray) -> np.ndarray:
+        """A gradient accumulator as the optimizer receives it: NumPy keeps the exact int64 array."""
+        return a
+
+    @staticmethod
+    def zeros(ref: np.ndarray, bits: int) -> np.ndarray:
+        return np.zeros(ref.shape, dtype=np.int64 if bits == 64 else np.int32)
+
+    @staticmethod
+    def zeros_int8(shape: tuple[int, ...], like: np.ndarray) -> np.ndarray:
+        return np.zeros(shape, dtype=np.int8)
+
+    @staticmethod
+    def amax(a: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
+        return a.max(axis=axis, keepdims=keepdims)
+
+    @staticmethod
+    def amin(a: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
+        return a.min(axis=axis, keepdims=keepdims)
+
+    @staticmethod
+    def sum(a: np.ndarray, axis, keepdims: bool = False) -> np.ndarray:
+        """Sum in int64 (no widening copy of ``a``)."""
+        return a.sum(axis=axis, keepdims=keepdims, dtype=np.int64)
+
+    @staticmethod
+    def copy(a: np.ndarray) -> np.ndarray:
+        return a.copy()
+
+    @staticmethod
+    def empty_like(a: np.ndarray) -> np.ndarray:
+        return np.empty_like(a)
+
+    @staticmethod
+    def arange(n: int, like: np.ndarray) -> np.ndarray:
+        return np.arange(n)
+
+    @staticmethod
+    def index(labels: np.ndarray, like: np.ndarray) -> np.ndarray:
+        """Class labels usable as an index into ``like``."""
+        return labels
+
+    @staticmethod
+    def table(t: np.ndarray, like: np.ndarray) -> np.ndarray:
+        """The constant integer table ``t`` where ``like`` lives (NumPy: ``t`` itself)."""
+        return t
+
+    @staticmethod
+    def distinct(a: np.ndarray) -> list[int]:
+        """The distinct values of an integer array, ascending, as Python ints."""
+        return [int(v) for v in np.unique(a)]

@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from .layers import Param
-from .ops import INT32_MAX, absmax, qmax, shift, shift_round, shift_round_fast
+from .ops import INT32_MAX, NumpyOps, absmax, qmax, shift_round_fast
 
 LR_MODES = ("shift", "norm")
 SCHEDULES = ("const", "step", "cosine")
@@ -69,34 +69,6 @@ class Schedule:
 def saturation(params: list[Param]) -> list[tuple[int, int]]:
     """(codes at the integer limit +-qmax(bits), size) of each parameter's master codes."""
     return [(int(np.count_nonzero(np.abs(p.acc.astype(np.int32)) >= qmax(p.bits))), int(p.acc.size)) for p in params]
-
-
-class NumpyOps:
-    """The array operations the integer SGD needs, on NumPy (the torch twin: ``inttrain.integer_only.optim``).
-
-    The update rule (:class:`SGDCore`) is written once against this interface, so both engines run the same
-    code; only these primitives differ, and each is exact integer arithmetic in both libraries."""
-
-    shift = staticmethod(shift)
-    shift_round = staticmethod(shift_round)
-    absmax = staticmethod(absmax)
-    clip = staticmethod(np.clip)
-
-    @staticmethod
-    def wide(a: np.ndarray) -> np.ndarray:
-        return a.astype(np.int64)
-
-    @staticmethod
-    def int32(a: np.ndarray) -> np.ndarray:
-        return a.astype(np.int32)
-
-    @staticmethod
-    def cast_like(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
-        return a.astype(ref.dtype)
-
-    @staticmethod
-    def zeros(ref: np.ndarray, bits: int) -> np.ndarray:
-        return np.zeros(ref.shape, dtype=np.int64 if bits == 64 else np.int32)
 
 
 class SGDCore:

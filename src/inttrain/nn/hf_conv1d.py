@@ -17,9 +17,7 @@ from ..autograd import int_linear
 from ..autograd.qactivation import dequantize_if_quantized
 from .layers import IntLayerMixin
 
-__all__ = ["is_hf_conv1d", "qconv1d_class", "QConv1DMixin"]
-
-_CLASSES: dict[type, type] = {}
+__all__ = ["is_hf_conv1d", "qconv1d_class", "QConv1DMixin", "QCONV1D_CLASSES"]
 
 
 def is_hf_conv1d(module: nn.Module) -> bool:
@@ -49,11 +47,29 @@ class QConv1DMixin(IntLayerMixin):
         return int_linear(x, w, self.bias, self.precision, self._next_seeds(), grad_hook=hook, emit_int8=self.dataflow)
 
 
+class _QConv1DClasses:
+    """Owner of the integer classes made for transformers' ``Conv1D`` classes, one per float class, so every
+    layer of one model (and of models prepared later) shares one class.  :meth:`clear` forgets them: layers
+    already converted keep their class, the next conversion makes a new one."""
+
+    def __init__(self) -> None:
+        self._made: dict[type, type] = {}
+
+    def get(self, float_cls: type) -> type:
+        cls = self._made.get(float_cls)
+        if cls is None:
+            cls = type("QConv1D", (QConv1DMixin, float_cls), {"float_class": float_cls, "__module__": __name__})
+            self._made[float_cls] = cls
+            globals()["QConv1D"] = cls  # pickle finds the class by module + name
+        return cls
+
+    def clear(self) -> None:
+        self._made.clear()
+
+
+QCONV1D_CLASSES = _QConv1DClasses()
+
+
 def qconv1d_class(float_cls: type) -> type:
     """The integer class for ``float_cls`` (transformers' ``Conv1D``), made once per class."""
-    cls = _CLASSES.get(float_cls)
-    if cls is None:
-        cls = type("QConv1D", (QConv1DMixin, float_cls), {"float_class": float_cls, "__module__": __name__})
-        _CLASSES[float_cls] = cls
-        globals()["QConv1D"] = cls  # pickle finds the class by module + name
-    return cls
+    return QCONV1D_CLASSES.get(float_cls)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..numerics.hashing import mix_seed
+from ..numerics.hashing import SeedPurpose, derive_seed
 from ..spec import LayerPrecision
 
 __all__ = ["SampleGroups", "run_per_sample", "shares_backward"]
@@ -140,7 +140,7 @@ def run_per_sample(layer, x: torch.Tensor, groups: SampleGroups,
         return call(x, groups[0][1], seeds)
 
     def group_seeds(prec: LayerPrecision) -> tuple:
-        return tuple(mix_seed(int(seed), prec.forward.lhs.bits, 0x5E9A) for seed in seeds)
+        return tuple(derive_seed(int(seed), SeedPurpose.SAMPLE_GROUP, prec.forward.lhs.bits) for seed in seeds)
 
     if torch.is_grad_enabled() and shares_backward(groups):
         main = max(range(len(groups)), key=lambda i: int(groups[i][0].numel()))

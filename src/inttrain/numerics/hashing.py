@@ -7,13 +7,19 @@ process, and under ``torch.compile`` the hash fuses into the quantize kernel at 
 
 The mixer is Chris Wellons' "lowbias32" integer hash (two multiply-xorshift rounds), evaluated in
 int64 lanes masked to 32 bits so that it is identical in eager mode, compiled code and NumPy.
+
+Seeds: :func:`mix_seed` folds counters (base seed, layer id, call count, GEMM) into a per-call seed, and
+:func:`derive_seed` gives every other random stream its seed from one of those, named by a
+:class:`SeedPurpose` -- no seed salt is written anywhere else.
 """
 
 from __future__ import annotations
 
+import enum
+
 import torch
 
-__all__ = ["uniform_from_counter", "mix_seed", "mix_seed_tensor", "advance_seeds"]
+__all__ = ["uniform_from_counter", "mix_seed", "mix_seed_tensor", "advance_seeds", "SeedPurpose", "derive_seed"]
 
 _MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
@@ -34,6 +40,34 @@ def mix_seed(*parts: int) -> int:
         h = (h ^ (int(p) & _MASK32)) * 0x01000193 & _MASK32  # FNV-style fold
         h ^= h >> 13
     return h
+
+
+class SeedPurpose(enum.IntEnum):
+    """Why a seed is derived from another; the value is the purpose's salt, so streams drawn from one base seed
+    never coincide.  The values are frozen: changing one changes every stochastic-rounding result it feeds."""
+
+    #: a GEMM's rhs operand (the weight, or x in ``dW = dy^T x``); the lhs is rounded with the GEMM seed itself
+    RHS_OPERAND = 0x5BD1E995
+    #: a recipe hook's rounding of ``grad_output`` (e.g. DSGC clipping), from the weight-gradient GEMM's seed
+    GRAD_HOOK = 0x2545F491
+    #: the GEMM seeds of one per-sample precision group, with the group's forward bits as the counter
+    SAMPLE_GROUP = 0x5E9A
+    #: FracTrain DFQ's Gumbel-softmax gate noise, with (step, gate index) as the counters
+    GATE_NOISE = 0x6A7E
+
+
+def derive_seed(seed: int | torch.Tensor, purpose: SeedPurpose, *counters: int) -> int | torch.Tensor:
+    """The seed of ``purpose``'s random stream, derived from ``seed`` (the one place seeds get their salts).
+
+    Without ``counters``: ``seed ^ purpose`` -- a single xor, so ``seed`` may be a compiled step's 0-d int64
+    seed tensor and the result stays in its graph.  With counters: ``mix_seed(seed, *counters, purpose)``.
+
+    >>> derive_seed(7, SeedPurpose.GRAD_HOOK) == 7 ^ 0x2545F491
+    True
+    """
+    if counters:
+        return mix_seed(seed, *counters, int(purpose))  # type: ignore[arg-type]
+    return seed ^ int(purpose)
 
 
 def mix_seed_tensor(*parts: int | torch.Tensor) -> torch.Tensor:

@@ -67,7 +67,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from inttrain.numerics.hashing import mix_seed
+from inttrain.numerics.hashing import SeedPurpose, derive_seed
 from inttrain.schedules import Schedule, prepared_layers, with_bits
 
 __all__ = ["DFQConfig", "BitGate", "DFQController", "attach_dfq", "forward_cost_ratio"]
@@ -283,7 +283,7 @@ class DFQController:
         values (for the straight-through factor) or None).  Training: hard straight-through Gumbel-softmax with noise a pure function of (seed, step, layer)."""
         if not training:
             return logits.argmax(-1), None, None
-        seed = mix_seed(self.config.seed, self.last_step, index, 0x6A7E)
+        seed = derive_seed(self.config.seed, SeedPurpose.GATE_NOISE, self.last_step, index)
         gen = torch.Generator().manual_seed(seed)
         u = torch.rand(logits.shape, generator=gen).clamp_(1e-10, 1 - 1e-7).to(logits.device)
         soft = torch.softmax((logits - torch.log(-torch.log(u))) / self.config.tau, dim=-1)
