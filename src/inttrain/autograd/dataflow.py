@@ -112,7 +112,8 @@ class _ReLU(Function):
 def _relu_backward(codes: torch.Tensor, g: torch.Tensor, zp: int) -> torch.Tensor:
     rows = rows_view(codes)
     if zp == 128 and rows is not None:
-        return from_rows(passes.relu_grad(rows, _rows_of(g, codes)), codes.shape)
+        # 2-D codes feed a Linear (which saves them as signed int8); 4-D ones a convolution (which saves uint8)
+        return from_rows(passes.relu_grad(rows, _rows_of(g, codes), signed=codes.dim() == 2), codes.shape)
     return torch.where(codes > zp, g, 0.0)
 
 
