@@ -52,6 +52,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     import inttrain
 from inttrain.kernels import int_kernel_calls, reset_kernel_calls  # noqa: E402
+from inttrain.kernels.workspace import keep_freed_memory  # noqa: E402
 from inttrain.models import build_model  # noqa: E402
 
 CL = torch.channels_last
@@ -438,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the machine's default)")
     ap.add_argument("--json", metavar="PATH", help="write all samples and results as JSON")
+    ap.add_argument("--default-allocator", action="store_true",
+                    help="leave glibc's malloc as it is (default: keep_freed_memory(), as the inttrain CLI does, "
+                         "for every variant alike)")
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]
@@ -445,12 +449,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown section(s) {unknown}; allowed: {','.join(SECTIONS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    tuned = not args.default_allocator and keep_freed_memory()
     budget = QUICK if args.quick else FULL
 
     def log(msg: str) -> None:
         print(msg, flush=True)
 
     env = environment()
+    env["allocator"] = ("glibc malloc keeps freed memory (inttrain.kernels.workspace.keep_freed_memory), all variants"
+                        if tuned else "default")
     log("# inttrain speed benchmark (fwd+bwd, CPU)")
     for k, v in env.items():
         log(f"- {k}: {v}")

@@ -334,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # this process is the application: keep freed buffers mapped (see keep_freed_memory)
+        from inttrain.kernels.workspace import keep_freed_memory
+
+        keep_freed_memory()
     code = _main(args)
     if code and "RANK" in os.environ and "WORLD_SIZE" in os.environ and argv is None:
         # A failed rank exits at once: waiting on a process group whose peers may be gone can hang.
