@@ -3,6 +3,7 @@ setting is process-wide)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -27,7 +28,10 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 
 
 def _faults_per_step(mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True)
+    # glibc's starting thresholds, pinned: its dynamic adjustment depends on where the process's small objects
+    # happen to sit in the heap, which made the untuned baseline vary from run to run
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True, env=env)
     return float(out.stdout.strip())
 
 
