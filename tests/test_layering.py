@@ -31,9 +31,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(map(frozenset, (
 )))
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
-#: Known module cycle outside this layering work (the int8 dataflow ops register themselves on first use);
-#: any other cycle fails.
-ALLOWED_CYCLES = [frozenset({"inttrain.autograd.dataflow", "inttrain.autograd.qactivation"})]
+#: Module cycles allowed: none.
+ALLOWED_CYCLES: list[frozenset[str]] = []
 
 
 def module_name(path: Path, root: Path) -> str:

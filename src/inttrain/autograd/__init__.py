@@ -1,5 +1,6 @@
 """torch.autograd Functions that run a layer's forward and both backward GEMMs on integer kernels."""
 
+from . import dataflow  # noqa: F401  (fills qactivation's op tables: the int8 versions of ReLU, add, BatchNorm...)
 from .linear import GemmSeeds, int_linear
 
 __all__ = ["GemmSeeds", "int_linear", "int_conv2d", "check_conv_precision"]

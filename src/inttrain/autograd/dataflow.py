@@ -37,7 +37,7 @@ from ..kernels import dataflow_passes as passes
 from ..kernels.fused import quantize_matrix
 from ..numerics.quantize import check_finite
 from ..spec import IntFormat, PerChannel, QuantSpec
-from .qactivation import (DEFERRED_OPS, INT8_OPS, DeferredQuant, QActivation, from_rows, quantize_activation,
+from .qactivation import (DEFERRED_OPS, INT8_OPS, DeferredQuant, QActivation, from_rows, quantize_activation, to_float,
                           rows_view)
 
 __all__ = ["to_float", "int8_relu", "int8_add", "int8_batch_norm"]
@@ -75,21 +75,6 @@ def _rows_of(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- boundary
-
-
-class _ToFloat(Function):
-    @staticmethod
-    def forward(ctx, x: QActivation):
-        return x.dequantize()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
-def to_float(x: QActivation) -> torch.Tensor:
-    """The float values of ``x`` as a plain tensor, gradient passed through (a dataflow boundary)."""
-    return _ToFloat.apply(x)
 
 
 # ----------------------------------------------------------------------------- relu / relu6

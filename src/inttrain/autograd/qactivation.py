@@ -28,11 +28,12 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-__all__ = ["QActivation", "DeferredQuant", "quantize_activation", "dequantize_if_quantized", "fallback_ops_seen"]
+__all__ = ["QActivation", "DeferredQuant", "quantize_activation", "dequantize_if_quantized", "fallback_ops_seen", "to_float"]
 
 log = logging.getLogger("inttrain")
 
-#: torch function -> int8 implementation; filled by :mod:`inttrain.autograd.dataflow` on first use.
+#: torch function -> int8 implementation; filled by :mod:`inttrain.autograd.dataflow` when it is imported (the
+#: ``inttrain.autograd`` package imports it, so the tables are full before any QActivation exists).
 INT8_OPS: dict[Callable, Callable] = {}
 #: the same for a DeferredQuant input (ReLU and the residual add: they quantize their own output).
 DEFERRED_OPS: dict[Callable, Callable] = {}
@@ -234,9 +235,7 @@ def _route(table: dict[Callable, Callable], func, args, kwargs):
     """Run ``func``'s dataflow version from ``table`` if it has one that accepts these arguments, else ``func``
     itself with subclass dispatch off (plain tensors out; a QActivation argument then reaches
     ``__torch_dispatch__``, which dequantizes it)."""
-    if not INT8_OPS:
-        from . import dataflow  # noqa: F401  (registers the ops)
-    impl = table.get(func)
+    impl = table.get(func)  # (the tables are filled when inttrain.autograd imports its dataflow module)
     if impl is not None:
         out = impl(*args, **kwargs)
         if out is not NotImplemented:
@@ -253,10 +252,23 @@ def fallback_ops_seen() -> set[str]:
 def dequantize_if_quantized(x: Any) -> Any:
     """``x.dequantize()`` for a QActivation, ``x`` otherwise (keeps autograd: used at float boundaries)."""
     if isinstance(x, QActivation):
-        from .dataflow import to_float
-
         return to_float(x)
     return x
+
+
+class _ToFloat(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: QActivation):
+        return x.dequantize()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def to_float(x: QActivation) -> torch.Tensor:
+    """The float values of ``x`` as a plain tensor, gradient passed through (a dataflow boundary)."""
+    return _ToFloat.apply(x)
 
 
 def quantize_activation(x: torch.Tensor, per_channel: bool = False, bits: int = 8,
