@@ -186,7 +186,7 @@ def quantize_rows_cols(dy: Tensor, row_mul: Tensor | None, col_mul: Tensor | Non
     column, ``col_spec``) in two passes over ``dy``: see ``native/quantize.c``; with ``col_sum``, also dy's
     column sums (a Linear's bias gradient, summed in double).  ``dy`` [M, N] float32,
     ``row_mul`` [1, N] or [N], ``col_mul`` [M, 1] or [M] (or one value each).  A ``None`` spec skips that side (its outputs are
-    empty, as is the sum without ``col_sum``).  Same codes and scales as :func:`.fused.quantize_matrix` bit for bit; call only when
+    empty when compiling, None in eager; likewise the sum without ``col_sum``).  Same codes and scales as :func:`.fused.quantize_matrix` bit for bit; call only when
     :func:`rows_cols_native`.  One graph node when compiling.
     """
     qmax = (row_spec or col_spec).fmt.qmax
@@ -195,9 +195,10 @@ def quantize_rows_cols(dy: Tensor, row_mul: Tensor | None, col_mul: Tensor | Non
     # one multiplier per feature / row; a per-tensor scale ([1, 1]) broadcasts
     row_mul, col_mul = (None if t is None else t.reshape(-1).float().expand(size).contiguous()
                         for t, size in ((row_mul, dy.shape[1]), (col_mul, dy.shape[0])))
-    if not torch.compiler.is_compiling():
-        seeds = [int(s) if isinstance(s, Tensor) else s for s in (seed_rows, seed_cols)]
-        return _quantize_rows_cols(dy, row_mul, col_mul, torch.tensor(seeds), qmax, *modes, col_sum)
+    if not torch.compiler.is_compiling():  # eager: the kernel directly (a side not asked for comes back as None)
+        return native.quantize_rows_cols(
+            dy, row_mul, col_mul, qmax, rows=modes[0] > 0, cols=modes[1] > 0, sr_rows=modes[0] == 2,
+            seed_rows=int(seed_rows), sr_cols=modes[1] == 2, seed_cols=int(seed_cols), col_sum=col_sum)
     seeds_t = torch.stack([torch.as_tensor(s, dtype=torch.int64, device=dy.device).reshape(())
                            for s in (seed_rows, seed_cols)])
     return torch.ops.inttrain.quantize_rows_cols(dy, row_mul, col_mul, seeds_t, qmax, *modes, col_sum)
