@@ -102,5 +102,5 @@ def test_rejects_wrong_dtypes() -> None:
         pytest.skip("native kernels unavailable")
     g = torch.zeros((1, 1, 2, 2), dtype=torch.int16)
     x = torch.zeros((1, 1, 2, 2), dtype=torch.uint8)
-    with pytest.raises(TypeError, match="expected CPU int8 gradient"):
+    with pytest.raises(TypeError, match="expected a CPU int8 gradient"):
         native.conv2d_weight_grad_int(g, x, (1, 1, 1, 1), (1, 1), (0, 0), (1, 1))

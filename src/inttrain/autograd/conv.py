@@ -25,13 +25,13 @@ import torch.nn.functional as F
 from ..kernels import conv_generic
 from ..kernels import ops as conv_kernels  # eager kernels, or graph nodes when compiling
 from ..kernels.conv import ConvGeometry
-from ..kernels.fused import quantize_matrix
+from ..kernels.fused import matrix_scale, quantize_matrix
 from ..numerics.hashing import SeedPurpose, derive_seed
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
 from ..spec.capabilities import conv_layout_problem
 from .seeds import save_with_seeds, saved_and_seeds
-from .qactivation import QActivation, quantize_activation, quantize_rows_of
+from .qactivation import QActivation, quantize_activation, quantize_rows_of, rows_view
 
 __all__ = ["int_conv2d", "ConvGeometry", "check_conv_precision"]
 
@@ -84,6 +84,34 @@ def _usable_codes(x, fwd) -> tuple[torch.Tensor, torch.Tensor] | None:
     if x.bits != fwd.lhs.fmt.bits or not fwd.lhs.fmt.signed or not fwd.lhs.fmt.symmetric:
         return None
     return x.codes.contiguous(memory_format=_CL), x.scale
+
+
+def _codes_in_kernel(spec: QuantSpec, dy: torch.Tensor) -> bool:
+    """Whether the weight-gradient kernel can make ``spec``'s codes of ``dy`` itself (int8 codes of a
+    symmetric signed format, nearest or stochastic rounding): the graph then computes only the scale."""
+    fmt = spec.fmt
+    return (fmt.signed and fmt.symmetric and fmt.bits <= 8 and dy.numel() > 0
+            and spec.rounding in (Rounding.NEAREST_EVEN, Rounding.STOCHASTIC))
+
+
+def _weight_grad(dyf: torch.Tensor, qx: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, geom: ConvGeometry,
+                 gw, seed) -> torch.Tensor | None:
+    """The integer weight gradient, or None when the output gradient is not finite."""
+    per_channel = isinstance(gw.lhs.granularity, PerChannel)
+    if _codes_in_kernel(gw.lhs, dyf) and gw.rhs.bits <= 8:
+        dyf = dyf.contiguous(memory_format=_CL)
+        spec = gw.lhs if per_channel else dataclasses.replace(gw.lhs, granularity=PerTensor())
+        sg = matrix_scale(rows_view(dyf), spec, 1).reshape(-1)
+        if not is_finite(sg):
+            return None
+        return conv_kernels.conv2d_weight_grad_float(dyf, sg, gw.lhs.fmt.qmax, gw.lhs.rounding is Rounding.STOCHASTIC,
+                                                     seed, qx, sx, tuple(weight.shape), geom)
+    qg, sg = _quantize_activation(dyf, gw.lhs, seed, per_channel=per_channel)
+    if not is_finite(sg):
+        return None
+    # int16 output gradients (lhs) the oneDNN path splits itself; wide activations need the generic one
+    wgrad = conv_generic.conv2d_weight_grad if gw.rhs.bits > 8 else conv_kernels.conv2d_weight_grad
+    return wgrad(qg, sg, qx, sx, tuple(weight.shape), geom)
 
 
 def _non_finite_grads(ctx, weight: torch.Tensor):
@@ -168,14 +196,9 @@ class _IntConv2dFn(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             gw = prec.grad_weight
             if gw.integer:
-                qx, sx = saved
-                per_channel = isinstance(gw.lhs.granularity, PerChannel)
-                qg, sg = _quantize_activation(dyf, gw.lhs, seeds[2], per_channel=per_channel)
-                if not is_finite(sg):
+                dw = _weight_grad(dyf, *saved, weight, geom, gw, seeds[2])
+                if dw is None:
                     return _non_finite_grads(ctx, weight)
-                # int16 output gradients (lhs) the oneDNN path splits itself; wide activations need the generic one
-                wgrad = conv_generic.conv2d_weight_grad if gw.rhs.bits > 8 else conv_kernels.conv2d_weight_grad
-                dw = wgrad(qg, sg, qx, sx, tuple(weight.shape), geom)
             else:
                 xf = QActivation(*saved).dequantize() if ctx.x_is_codes else saved[0]
                 dw = torch.nn.grad.conv2d_weight(xf, weight.shape, dyf, geom.stride, geom.padding,

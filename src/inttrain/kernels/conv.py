@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..numerics.hashing import uniform_from_counter
 from . import conv_generic, native
 from .conv_geometry import ConvGeometry
 from .counters import count
@@ -55,6 +56,7 @@ __all__ = [
     "conv2d_input_grad",
     "conv2d_input_grad_u8",
     "conv2d_weight_grad",
+    "conv2d_weight_grad_float",
     "to_shifted_u8",
 ]
 
@@ -496,6 +498,35 @@ def conv2d_weight_grad(
     else:
         dw_int = _weight_grad_int(gq, xq, weight_shape, geom)
     return (dw_int.to(torch.float64) * scale.view(co, 1, 1, 1)).to(torch.float32)
+
+
+def conv2d_weight_grad_float(
+    dy: Tensor, g_scale: Tensor, qmax: int, stochastic: bool, seed: int, xq: Tensor, x_scale: Tensor,
+    weight_shape: tuple, geom: ConvGeometry,
+) -> Tensor:
+    """:func:`conv2d_weight_grad` of the codes of the float gradient ``dy`` at scale ``g_scale`` (one per
+    output channel, or one): ``clamp(round(dy / g_scale), -qmax, qmax)``, rounded to nearest even or
+    stochastically with ``seed``, exactly the codes of :func:`inttrain.kernels.fused.quantize_matrix` on dy's
+    channels-last ``[N*Ho*Wo, Co]`` view with that scale.
+
+    On CPUs with the native kernel the codes are made while the kernel packs the gradient (no pass that
+    writes them, and the stochastic-rounding hash in AVX512 integer lanes); elsewhere they are made here and
+    handed to :func:`conv2d_weight_grad`.  Both give the same result bit for bit.
+    """
+    if geom.groups == 1 and _on_cpu(dy, xq) and qmax <= 127 and native.available():
+        count("conv_wgrad")
+        co = int(weight_shape[0])
+        dw_int = native.conv2d_weight_grad_float(
+            dy.to(torch.float32), g_scale, qmax, stochastic, seed, xq, weight_shape, geom.stride, geom.padding,
+            geom.dilation)
+        scale = _scale_vector(g_scale, co).to(torch.float64) * _scalar(x_scale)
+        return (dw_int.to(torch.float64) * scale.view(co, 1, 1, 1)).to(torch.float32)
+    rows = dy.to(torch.float32).permute(0, 2, 3, 1).reshape(-1, dy.shape[1])
+    v = rows / g_scale.reshape(1, -1).to(torch.float32)
+    r = torch.floor(v + uniform_from_counter(v.shape, seed, v.device)) if stochastic else torch.round(v)
+    dtype = torch.int8 if qmax <= 127 else torch.int16
+    gq = r.clamp(-qmax, qmax).to(dtype).reshape(dy.shape[0], dy.shape[2], dy.shape[3], -1).permute(0, 3, 1, 2)
+    return conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
 
 
 def _weight_grad_int(gq: Tensor, xq: Tensor, weight_shape: tuple, geom: ConvGeometry) -> Tensor:

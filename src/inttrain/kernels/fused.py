@@ -21,7 +21,7 @@ import torch
 from ..numerics.quantize import round_and_clamp, scale_from_amax, storage_dtype
 from ..spec import PerChannel, PerTensor, QuantSpec, UnsupportedFormatError
 
-__all__ = ["quantize_matrix", "dequant_epilogue", "compile_enabled"]
+__all__ = ["quantize_matrix", "matrix_scale", "dequant_epilogue", "compile_enabled"]
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,7 @@ def compile_enabled() -> bool:
     return FUSION.enabled()
 
 
-def _quantize_matrix_impl(
-    x: torch.Tensor, seed: torch.Tensor, spec: QuantSpec, kept_axis: int, transpose: bool, zero_point: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _matrix_scale_impl(x: torch.Tensor, spec: QuantSpec, kept_axis: int) -> torch.Tensor:
     x = x.to(torch.float32)
     if isinstance(spec.granularity, PerChannel):
         amax = x.abs().amax(dim=1 - kept_axis, keepdim=True)
@@ -78,7 +76,14 @@ def _quantize_matrix_impl(
         amax = x.abs().amax().reshape(1, 1)
     if spec.fixed_amax is not None:
         amax = torch.full_like(amax, spec.fixed_amax)
-    scale = scale_from_amax(amax, spec.fmt, spec.scale_kind)
+    return scale_from_amax(amax, spec.fmt, spec.scale_kind)
+
+
+def _quantize_matrix_impl(
+    x: torch.Tensor, seed: torch.Tensor, spec: QuantSpec, kept_axis: int, transpose: bool, zero_point: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.to(torch.float32)
+    scale = _matrix_scale_impl(x, spec, kept_axis)
     codes = round_and_clamp(x / scale, spec.fmt, spec.rounding, seed)
     dtype = storage_dtype(spec.fmt) if zero_point == 0 else torch.uint8
     codes = (codes + zero_point).to(dtype)
@@ -139,6 +144,16 @@ def quantize_matrix(
         seed_t = torch.tensor(seed & 0xFFFFFFFF, dtype=torch.int64, device=x.device)
     # detach(): dynamo specialises on nn.Parameter shapes (a recompile per layer shape); a plain tensor is dynamic.
     return _run(_quantize_matrix_impl, (x.detach(), seed_t), (spec, kept_axis, transpose, zero_point))
+
+
+def matrix_scale(x: torch.Tensor, spec: QuantSpec, kept_axis: int) -> torch.Tensor:
+    """The scale :func:`quantize_matrix` would use for ``x`` ([1, C] or [1, 1] for ``kept_axis=1``), alone: for
+    a kernel that makes the codes itself.  Un-checked, as there."""
+    if x.dim() != 2 or x.numel() == 0:
+        raise ValueError(f"matrix_scale expects a non-empty 2-D tensor, got shape {tuple(x.shape)}")
+    if not isinstance(spec.granularity, (PerTensor, PerChannel)):
+        raise UnsupportedFormatError(f"GEMM operands support PerTensor or PerChannel granularity, not {spec.granularity}")
+    return _run(_matrix_scale_impl, (x.detach(),), (spec, kept_axis))
 
 
 def dequant_epilogue(

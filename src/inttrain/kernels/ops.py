@@ -132,6 +132,32 @@ def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor,
     return torch.ops.inttrain.conv2d_weight_grad(gq, g_scale, xq, x_scale, _shape(weight_shape), *_geom_args(geom))
 
 
+@torch.library.custom_op("inttrain::conv2d_weight_grad_float", mutates_args=())
+def _conv_wgrad_float(dy: Tensor, g_scale: Tensor, seed: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: list[int],
+                      stride: list[int], padding: list[int], dilation: list[int], groups: int, qmax: int,
+                      stochastic: bool) -> Tensor:
+    dw = conv_kernels.conv2d_weight_grad_float(dy, g_scale, qmax, stochastic, int(seed), xq, x_scale,
+                                               tuple(weight_shape), _geom(stride, padding, dilation, groups))
+    return dw.contiguous()
+
+
+@_conv_wgrad_float.register_fake
+def _(dy, g_scale, seed, xq, x_scale, weight_shape, stride, padding, dilation, groups, qmax, stochastic):
+    return dy.new_empty(tuple(weight_shape), dtype=torch.float32)
+
+
+def conv2d_weight_grad_float(dy: Tensor, g_scale: Tensor, qmax: int, stochastic: bool, seed: int | Tensor, xq: Tensor,
+                             x_scale: Tensor, weight_shape: tuple, geom: ConvGeometry) -> Tensor:
+    """:func:`inttrain.kernels.conv.conv2d_weight_grad_float` (the gradient quantized inside the kernel); one
+    graph node when compiling, with ``seed`` a 0-d int64 tensor there (float32, contiguous)."""
+    if not torch.compiler.is_compiling():
+        return conv_kernels.conv2d_weight_grad_float(dy, g_scale, qmax, stochastic, int(seed), xq, x_scale,
+                                                     weight_shape, geom)
+    seed_t = torch.as_tensor(seed, dtype=torch.int64, device=dy.device).reshape(())
+    return torch.ops.inttrain.conv2d_weight_grad_float(dy, g_scale, seed_t, xq, x_scale, _shape(weight_shape),
+                                                       *_geom_args(geom), qmax, stochastic)
+
+
 # ------------------------------------------------------------------- output gradient quantized two ways
 
 _MODES = {Rounding.NEAREST_EVEN: 1, Rounding.STOCHASTIC: 2}  # 0: that side is not wanted

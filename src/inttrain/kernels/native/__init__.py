@@ -25,7 +25,7 @@ from torch import Tensor
 from ..workspace import scratch
 
 __all__ = ["NativeLibrary", "LIBRARY", "QUANTIZE_LIBRARY", "available", "quantize_available",
-           "conv2d_weight_grad_int", "quantize_rows_cols"]
+           "conv2d_weight_grad_int", "conv2d_weight_grad_float", "quantize_rows_cols"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
@@ -58,7 +58,8 @@ class NativeLibrary:
         self._lock = threading.Lock()
 
     def _name(self) -> str:
-        digest = hashlib.sha256(self.source.read_bytes() + " ".join((self.compiler, *self.flags)).encode())
+        headers = b"".join(h.read_bytes() for h in sorted(self.source.parent.glob("*.h")))  # what it may include
+        digest = hashlib.sha256(self.source.read_bytes() + headers + " ".join((self.compiler, *self.flags)).encode())
         return f"lib{self.source.stem}-{digest.hexdigest()[:16]}.so"
 
     def build(self) -> Path:
@@ -112,6 +113,9 @@ def _setup_conv(lib: ctypes.CDLL) -> None:
         raise RuntimeError("this CPU has no AVX512-VNNI")
     lib.inttrain_wgrad_u8s8.restype = ctypes.c_int
     lib.inttrain_wgrad_u8s8.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64]
+    lib.inttrain_wgrad_f32.restype = ctypes.c_int
+    lib.inttrain_wgrad_f32.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6
+                                       + [ctypes.c_int64])
 
 
 def _setup_quantize(lib: ctypes.CDLL) -> None:
@@ -195,6 +199,47 @@ def _int64_array(values: list[int]) -> ctypes.Array:
     return (ctypes.c_int64 * len(values))(*values)
 
 
+def _wgrad_buffers(n: int, co: int, ci: int, h: int, w: int, ho: int, wo: int, kw: int, padding: tuple[int, int],
+                   stride: tuple[int, int], dilation: tuple[int, int], device: torch.device):
+    """The packing scratch of the weight-gradient kernel: (gp, xph, phase row width)."""
+    (ph, pw), sw, dw = padding, stride[1], dilation[1]
+    cot, wo4 = -(-co // 16), -(-wo // 4)
+    # Each phase row holds the padded columns of its phase and the 4-pixel groups' overreach.
+    width = max(-(-(w + 2 * pw) // sw), (dw * (kw - 1)) // sw + 4 * wo4)
+    gp = scratch((n * cot * ho * wo4 * 64,), torch.int8, device)
+    xph = scratch((n * ci * (h + 2 * ph) * sw * width,), torch.uint8, device)
+    return gp, xph, width
+
+
+def _run_wgrad(g: Tensor, xu8: Tensor, weight_shape: tuple, stride: tuple[int, int], padding: tuple[int, int],
+               dilation: tuple[int, int], threads: int | None, float_args: tuple | None) -> Tensor:
+    """Call one of the two entry points of ``conv.c`` (``float_args``: (scale, per_channel, qmax, sr, seed))."""
+    lib = LIBRARY.load()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {LIBRARY.reason}")
+    co, ci, kh, kw = (int(v) for v in weight_shape)
+    n, _, h, w = (int(v) for v in xu8.shape)
+    ho, wo = int(g.shape[2]), int(g.shape[3])
+    gp, xph, width = _wgrad_buffers(n, co, ci, h, w, ho, wo, kw, padding, stride, dilation, g.device)
+    out = torch.empty((co, ci * kh * kw), dtype=torch.int64)
+    dims = _int64_array([n, co, ci, kh, kw, h, w, ho, wo, *padding, *stride, *dilation, width,
+                         int(xu8.dtype == torch.int8)])
+    tail = (xu8.data_ptr(), _int64_array(list(xu8.stride())), dims, gp.data_ptr(), xph.data_ptr(), out.data_ptr(),
+            threads or torch.get_num_threads())
+    if float_args is None:
+        status = lib.inttrain_wgrad_u8s8(g.data_ptr(), _int64_array(list(g.stride())), *tail)
+    else:
+        status = lib.inttrain_wgrad_f32(g.data_ptr(), _int64_array(list(g.stride())), *float_args, *tail)
+    if status != 0:
+        raise RuntimeError(f"native weight gradient failed (status {status})")
+    return out.view(co, ci, kh, kw)
+
+
+def _check_input_codes(xu8: Tensor, g: Tensor, g_dtype: torch.dtype, what: str) -> None:
+    if g.dtype != g_dtype or xu8.dtype not in (torch.uint8, torch.int8) or {g.device.type, xu8.device.type} != {"cpu"}:
+        raise TypeError(f"expected a CPU {what} gradient and uint8/int8 input codes, got {g.dtype} and {xu8.dtype}")
+
+
 def conv2d_weight_grad_int(
     gq: Tensor, xu8: Tensor, weight_shape: tuple, stride: tuple[int, int], padding: tuple[int, int],
     dilation: tuple[int, int], threads: int | None = None,
@@ -205,25 +250,28 @@ def conv2d_weight_grad_int(
     either shifted (uint8 q + 128, what the forward convolution consumed) or int8 q; any strides
     (channels-last is the fast layout).  Call only when :func:`available`.
     """
-    lib = LIBRARY.load()
-    if lib is None:
-        raise RuntimeError(f"native kernels unavailable: {LIBRARY.reason}")
-    if gq.dtype != torch.int8 or xu8.dtype not in (torch.uint8, torch.int8) or {gq.device.type, xu8.device.type} != {"cpu"}:
-        raise TypeError(f"expected CPU int8 gradient and uint8/int8 input codes, got {gq.dtype} and {xu8.dtype}")
-    co, ci, kh, kw = (int(v) for v in weight_shape)
-    n, _, h, w = (int(v) for v in xu8.shape)
-    ho, wo = int(gq.shape[2]), int(gq.shape[3])
-    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    cot, wo4 = -(-co // 16), -(-wo // 4)
-    # Each phase row holds the padded columns of its phase and the 4-pixel groups' overreach.
-    width = max(-(-(w + 2 * pw) // sw), (dw * (kw - 1)) // sw + 4 * wo4)
-    gp = scratch((n * cot * ho * wo4 * 64,), torch.int8, gq.device)
-    xph = scratch((n * ci * (h + 2 * ph) * sw * width,), torch.uint8, gq.device)
-    out = torch.empty((co, ci * kh * kw), dtype=torch.int64)
-    dims = _int64_array([n, co, ci, kh, kw, h, w, ho, wo, ph, pw, sh, sw, dh, dw, width, int(xu8.dtype == torch.int8)])
-    status = lib.inttrain_wgrad_u8s8(
-        gq.data_ptr(), _int64_array(list(gq.stride())), xu8.data_ptr(), _int64_array(list(xu8.stride())), dims,
-        gp.data_ptr(), xph.data_ptr(), out.data_ptr(), threads or torch.get_num_threads())
-    if status != 0:
-        raise RuntimeError(f"native weight gradient failed (status {status})")
-    return out.view(co, ci, kh, kw)
+    _check_input_codes(xu8, gq, torch.int8, "int8")
+    return _run_wgrad(gq, xu8, weight_shape, stride, padding, dilation, threads, None)
+
+
+def conv2d_weight_grad_float(
+    dy: Tensor, g_scale: Tensor, qmax: int, stochastic: bool, seed: int, xu8: Tensor, weight_shape: tuple,
+    stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], threads: int | None = None,
+) -> Tensor:
+    """:func:`conv2d_weight_grad_int` of the codes of a float32 gradient, quantized inside the kernel.
+
+    The codes are ``clamp(round(dy / g_scale), -qmax, qmax)`` (``g_scale``: one value, or one per output
+    channel), rounded to nearest even or stochastically with ``seed``: bit for bit the codes
+    :func:`inttrain.kernels.fused.quantize_matrix` gives for ``dy``'s channels-last ``[N*Ho*Wo, Co]`` view with
+    that scale.  Call only when :func:`available`.
+    """
+    _check_input_codes(xu8, dy, torch.float32, "float32")
+    if not 1 <= qmax <= 127:
+        raise ValueError(f"qmax must be in [1, 127] (int8 codes), got {qmax}")
+    co = int(weight_shape[0])
+    scale = g_scale.reshape(-1).to(torch.float32).contiguous()
+    if scale.numel() not in (1, co):
+        raise ValueError(f"g_scale has {scale.numel()} values, expected 1 or {co}")
+    float_args = (scale.data_ptr(), int(scale.numel() == co and co > 1), int(qmax), int(stochastic),
+                  int(seed) & 0xFFFFFFFF)
+    return _run_wgrad(dy, xu8, weight_shape, stride, padding, dilation, threads, float_args)

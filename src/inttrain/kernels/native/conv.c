@@ -31,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd_quantize.h"
+
 #define TILE_J 24 /* weight columns per register tile: 24 accumulators + g + broadcast */
 
 int inttrain_has_vnni(void) {
@@ -40,7 +42,12 @@ int inttrain_has_vnni(void) {
 }
 
 typedef struct {
-    const int8_t *g;    /* [N, Co, Ho, Wo] with strides gs */
+    const int8_t *g;    /* [N, Co, Ho, Wo] with strides gs; NULL when gf is given */
+    const float *gf;    /* or the float gradient, quantized here (see inttrain_wgrad_f32) */
+    const float *gscale; /* gf's scales: one per output channel, or one */
+    int64_t gscale_per_channel, sr; /* sr: stochastic rounding with seed */
+    uint32_t seed;
+    float qmax;
     const uint8_t *x;   /* [N, Ci, H, W] with strides xs: q + 128, or q when x_signed */
     int64_t gs[4], xs[4];
     int8_t *gp;
@@ -54,14 +61,44 @@ typedef struct {
     int64_t first_tile, last_tile, tiles_j, first_image, last_image;
 } wgrad_job;
 
-/* g -> gp for images [first_image, last_image), and their per-channel sums. */
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void pack_gradient(const wgrad_job *job) {
-    const int64_t cot_n = (job->co + 15) / 16, row_bytes = job->wo4 * 64;
+#define PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* The 16 codes of channels 16t .. 16t + 15 at pixel (n, oh, ow): int8 g read as it is, or float gf quantized
+ * with the numerics of simd_quantize.h, the element index being that of the channels-last [N*Ho*Wo, Co]
+ * matrix.  Channels past Co are 0. */
+PACK_TARGET static inline __m128i pixel_codes(const wgrad_job *job, int64_t n, int64_t t, int64_t oh, int64_t ow) {
     const int64_t sn = job->gs[0], sc = job->gs[1], sh = job->gs[2], sw = job->gs[3];
-    /* channels-last g with whole tiles: 4 pixels x 16 channels are 4 x 16 contiguous bytes; one
-       dword permute (pixel-major -> channel-group-major) and one in-lane byte shuffle make them
-       16 channels x 4 pixels. */
-    const int fast = sc == 1 && job->co % 16 == 0;
+    const int64_t at = n * sn + 16 * t * sc + oh * sh + ow * sw, live = job->co - 16 * t < 16 ? job->co - 16 * t : 16;
+    if (!job->gf) {
+        if (sc == 1 && live == 16) return _mm_loadu_si128((const void *)(job->g + at));
+        int8_t b[16] = {0};
+        for (int64_t l = 0; l < live; ++l) b[l] = job->g[at + l * sc];
+        return _mm_loadu_si128((const void *)b);
+    }
+    __m512 v, s;
+    if (sc == 1 && live == 16) {
+        v = _mm512_loadu_ps(job->gf + at);
+        s = job->gscale_per_channel ? _mm512_loadu_ps(job->gscale + 16 * t) : _mm512_set1_ps(job->gscale[0]);
+    } else {
+        float vb[16] = {0}, sb[16];
+        for (int64_t l = 0; l < 16; ++l) {
+            sb[l] = l < live && job->gscale_per_channel ? job->gscale[16 * t + l] : job->gscale[0];
+            if (l < live) vb[l] = job->gf[at + l * sc];
+        }
+        v = _mm512_loadu_ps(vb), s = _mm512_loadu_ps(sb); /* v = 0 gives code 0 in either rounding */
+    }
+    const __m512 qmax = _mm512_set1_ps(job->qmax);
+    if (!job->sr) return codes16(v, s, NULL, qmax);
+    const uint32_t idx0 = (uint32_t)(((n * job->ho + oh) * job->wo + ow) * job->co + 16 * t);
+    const __m512 u = uniform16(idx0, job->seed);
+    return codes16(v, s, &u, qmax);
+}
+
+/* g (or gf) -> gp for images [first_image, last_image), and the codes' per-channel sums. */
+PACK_TARGET static void pack_gradient(const wgrad_job *job) {
+    const int64_t cot_n = (job->co + 15) / 16, row_bytes = job->wo4 * 64;
+    /* 4 pixels x 16 channels -> 16 channels x 4 pixels: one dword permute (pixel-major -> channel-group-major)
+       and one in-lane byte shuffle. */
     const __m512i dword_t = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     const __m512i ones = _mm512_set1_epi8(1);
     const __m512i byte_t = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
@@ -72,23 +109,15 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void pack_gradient
             int32_t lanes[16];
             for (int64_t oh = 0; oh < job->ho; ++oh) {
                 int8_t *dst = job->gp + ((n * cot_n + t) * job->ho + oh) * row_bytes;
-                const int8_t *src = job->g + n * sn + 16 * t * sc + oh * sh;
                 for (int64_t q = 0; q < job->wo4; ++q, dst += 64) {
-                    if (fast && 4 * q + 4 <= job->wo) {
-                        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const void *)(src + (4 * q) * sw)));
-                        v = _mm512_inserti32x4(v, _mm_loadu_si128((const void *)(src + (4 * q + 1) * sw)), 1);
-                        v = _mm512_inserti32x4(v, _mm_loadu_si128((const void *)(src + (4 * q + 2) * sw)), 2);
-                        v = _mm512_inserti32x4(v, _mm_loadu_si128((const void *)(src + (4 * q + 3) * sw)), 3);
-                        v = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(dword_t, v), byte_t);
-                        _mm512_storeu_si512((void *)dst, v);
-                    } else {
-                        for (int64_t l = 0; l < 16; ++l)
-                            for (int64_t p = 0; p < 4; ++p) {
-                                int64_t c = 16 * t + l, ow = 4 * q + p;
-                                dst[4 * l + p] = c < job->co && ow < job->wo ? src[l * sc + ow * sw] : 0;
-                            }
-                    }
-                    sums = _mm512_dpbusd_epi32(sums, ones, _mm512_loadu_si512((const void *)dst));
+                    __m512i v = _mm512_setzero_si512();
+                    v = _mm512_inserti32x4(v, pixel_codes(job, n, t, oh, 4 * q), 0);
+                    if (4 * q + 1 < job->wo) v = _mm512_inserti32x4(v, pixel_codes(job, n, t, oh, 4 * q + 1), 1);
+                    if (4 * q + 2 < job->wo) v = _mm512_inserti32x4(v, pixel_codes(job, n, t, oh, 4 * q + 2), 2);
+                    if (4 * q + 3 < job->wo) v = _mm512_inserti32x4(v, pixel_codes(job, n, t, oh, 4 * q + 3), 3);
+                    v = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(dword_t, v), byte_t);
+                    _mm512_storeu_si512((void *)dst, v);
+                    sums = _mm512_dpbusd_epi32(sums, ones, v);
                 }
             }
             _mm512_storeu_si512((void *)lanes, sums); /* |sum| <= 128 Ho Wo per image: no int32 overflow */
@@ -202,7 +231,7 @@ __attribute__((target("ssse3"))) static void pack_input(const wgrad_job *job) {
 /* One register tile: V groups of 16 channels from channel 16*V*grp, x columns [j0, j0 + nj) (nj <= J), over
  * images [n0, n1).  V = 2 spends each broadcast of x on two vpdpbusd (32 channels): fewer loads per multiply. */
 #define WGRAD_TILE(NAME, V, J)                                                                              \
-    __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void NAME(                                \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void NAME(                                \
         const wgrad_job *job, int64_t grp, int64_t j0, int64_t nj, int64_t n0, int64_t n1, __m512i *result) { \
         const int64_t s_w = job->stride_w, wph = job->wph;                                                  \
         const int64_t s_row = s_w * wph, s_ci = job->hp * s_row, s_n = job->ci * s_ci;                     \
@@ -250,7 +279,7 @@ static void *run_pack(void *arg) {
     return NULL;
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void *run_tiles(void *arg) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void *run_tiles(void *arg) {
     const wgrad_job *job = (const wgrad_job *)arg;
     const int64_t columns = job->ci * job->kh * job->kw, width = TILE_J / job->vecs;
     __m512i acc[TILE_J];
@@ -299,16 +328,9 @@ static void parallel(void *(*fn)(void *), wgrad_job *jobs, int64_t threads) {
 #endif
 }
 
-/* dims: N, Co, Ci, KH, KW, H, W, Ho, Wo, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, wph, x_signed.
- * gp: int8 scratch of N * ceil(Co/16) * Ho * ceil(Wo/4) * 64 bytes; xph: uint8 scratch of
- * N * Ci * (H + 2 pad_h) * stride_w * wph bytes.  out: int64 [Co, Ci*KH*KW], the exact sums of g * q.
- * Returns 0 on success, 1 when the CPU lacks AVX512-VNNI, 2 when out of memory. */
-int inttrain_wgrad_u8s8(const int8_t *g, const int64_t *gs, const void *x, const int64_t *xs, const int64_t *dims,
-                        int8_t *gp, uint8_t *xph, int64_t *out, int64_t threads) {
+/* The shared body of both entry points: base has the operands set; dims as documented below. */
+static int run_wgrad(wgrad_job base, const int64_t *gs, const int64_t *xs, const int64_t *dims, int64_t threads) {
     if (!inttrain_has_vnni()) return 1;
-    wgrad_job base;
-    memset(&base, 0, sizeof base);
-    base.g = g, base.x = x, base.gp = gp, base.xph = xph, base.out = out;
     for (int i = 0; i < 4; ++i) base.gs[i] = gs[i], base.xs[i] = xs[i];
     base.n = dims[0], base.co = dims[1], base.ci = dims[2], base.kh = dims[3], base.kw = dims[4];
     base.h = dims[5], base.w = dims[6], base.ho = dims[7], base.wo = dims[8];
@@ -321,6 +343,7 @@ int inttrain_wgrad_u8s8(const int8_t *g, const int64_t *gs, const void *x, const
     base.vecs = base.co % 32 == 0 ? 2 : 1; /* 32-channel tiles where the channels fill them */
     base.tiles_j = (columns + TILE_J / base.vecs - 1) / (TILE_J / base.vecs);
     const int64_t tiles = ((base.co + 15) / 16 / base.vecs) * base.tiles_j;
+    int64_t *out = base.out;
     memset(out, 0, sizeof(int64_t) * base.co * columns);
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
@@ -345,4 +368,31 @@ int inttrain_wgrad_u8s8(const int8_t *g, const int64_t *gs, const void *x, const
     }
     free(sums);
     return 0;
+}
+
+/* dims: N, Co, Ci, KH, KW, H, W, Ho, Wo, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, wph, x_signed.
+ * gp: int8 scratch of N * ceil(Co/16) * Ho * ceil(Wo/4) * 64 bytes; xph: uint8 scratch of
+ * N * Ci * (H + 2 pad_h) * stride_w * wph bytes.  out: int64 [Co, Ci*KH*KW], the exact sums of g * q.
+ * Returns 0 on success, 1 when the CPU lacks AVX512-VNNI, 2 when out of memory. */
+int inttrain_wgrad_u8s8(const int8_t *g, const int64_t *gs, const void *x, const int64_t *xs, const int64_t *dims,
+                        int8_t *gp, uint8_t *xph, int64_t *out, int64_t threads) {
+    wgrad_job base;
+    memset(&base, 0, sizeof base);
+    base.g = g, base.x = x, base.gp = gp, base.xph = xph, base.out = out;
+    return run_wgrad(base, gs, xs, dims, threads);
+}
+
+/* inttrain_wgrad_u8s8 on a float32 gradient gf [N, Co, Ho, Wo] (strides gs), quantized while it is packed:
+ * code = clamp(round(gf / s), -qmax, qmax) with s = gscale[co] (per_channel) or gscale[0], rounding to nearest
+ * even, or stochastic (sr) with seed (simd_quantize.h).  Saves the torch path's pass that writes the codes, and
+ * its hash, which costs the compiled torch path more than the whole pack here.  qmax <= 127. */
+int inttrain_wgrad_f32(const float *gf, const int64_t *gs, const float *gscale, int64_t per_channel, int64_t qmax,
+                       int64_t sr, int64_t seed, const void *x, const int64_t *xs, const int64_t *dims, int8_t *gp,
+                       uint8_t *xph, int64_t *out, int64_t threads) {
+    wgrad_job base;
+    memset(&base, 0, sizeof base);
+    base.gf = gf, base.gscale = gscale, base.gscale_per_channel = per_channel, base.qmax = (float)qmax;
+    base.sr = sr, base.seed = (uint32_t)seed;
+    base.x = x, base.gp = gp, base.xph = xph, base.out = out;
+    return run_wgrad(base, gs, xs, dims, threads);
 }
