@@ -15,9 +15,9 @@ SCRIPT = "accuracy_full"  # conftest.py's `bench` fixture loads benchmarks/accur
 def test_jobs_seed_major_with_three_seeds_for_the_tight_variants(bench) -> None:
     args = bench.parse_args(["--data", "x.npz"])
     jobs = bench.all_jobs(args)
-    assert len(jobs) == 5 * 3 + 7 * 2  # fp32 and the four int8 variants: 3 seeds; the 7 others: 2
+    assert len(jobs) == 3 * 3 + 8 * 2 + 1  # fp32, int8, int8-dataflow: 3 seeds; int8-dataflow-nearest 1; the rest 2
     assert jobs[:12] == [(v, 0) for v in bench.VARIANTS]
-    assert jobs[-5:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2), ("int8-wsr", 2), ("int8-dataflow-wsr", 2)]
+    assert jobs[-3:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2)]
 
 
 def _row(variant: str, seed: int, acc: float, gbitops: float | None = None) -> dict:

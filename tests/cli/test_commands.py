@@ -53,7 +53,7 @@ def test_recipes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["recipes", "show", "int8"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[1].strip() == "int8 / int8-mixed: the practical default — all three GEMMs in int8, float master weights."
-    assert "  bits                  8" in out and "per_channel" in out and "weight_grad_rounding  None" in out
+    assert "  bits                  8" in out and "per_channel" in out and "weight_grad_rounding  stochastic" in out
     assert main(["recipes", "show", "int3"]) == 2
     assert capsys.readouterr().err.startswith("error: NAME: 'int3' is not one of: fp32, bf16, int8")
 

@@ -61,14 +61,14 @@ def test_with_bits_is_the_recipes_own() -> None:
 
 def test_weight_grad_rounding_applies_to_the_weight_gradient_only() -> None:
     from inttrain.spec import Rounding
-    cfg = inttrain.get_config("int8").with_weight_grad_rounding(Rounding.STOCHASTIC)
+    cfg = inttrain.get_config("int8")  # the default: stochastic in the weight-gradient GEMM only
     for layer in (torch.nn.Linear(4, 3), torch.nn.Conv2d(2, 3, 3)):
         p = cfg.precision_for(layer, "layer")
         assert p.grad_weight.lhs.rounding is Rounding.STOCHASTIC
         assert p.grad_input.lhs.rounding is Rounding.NEAREST_EVEN
         assert p.forward.lhs.rounding is Rounding.NEAREST_EVEN
-    assert inttrain.get_config("int8").precision_for(torch.nn.Linear(4, 3), "l").grad_weight.lhs.rounding \
-        is Rounding.NEAREST_EVEN
+    assert cfg.with_weight_grad_rounding(Rounding.NEAREST_EVEN).precision_for(torch.nn.Linear(4, 3), "l") \
+        .grad_weight.lhs.rounding is Rounding.NEAREST_EVEN
     with pytest.raises(ValueError, match=r"^recipe 'sbm' has no weight-gradient rounding choice; use int8$"):
         inttrain.get_config("sbm").with_weight_grad_rounding(Rounding.STOCHASTIC)
 

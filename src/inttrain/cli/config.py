@@ -45,7 +45,7 @@ class RunConfig:
     recipe: str = opt("fp32", "fp32, bf16, or an inttrain recipe such as int8.")
     bits: int | None = opt(None, "Override the integer recipe's bit width.")
     weight_grad_rounding: str | None = opt(None, "int8: rounding of the output gradient in the weight-gradient GEMM "
-                                                 "only: nearest or stochastic (default: the recipe's).",
+                                                 "only: nearest or stochastic (default: the recipe's, stochastic for int8).",
                                            default_text="recipe's")
     epochs: int = opt(5, "Number of epochs.")
     batch_size: int = opt(32, "Batch size.")

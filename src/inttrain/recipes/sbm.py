@@ -66,7 +66,8 @@ class SbmConfig(RecipeConfig):
         return use_range_bn_(model)
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
-        low = Int8MixedConfig(bits=self.bits, grad_bits=self.grad_bits, grad_rounding=self.grad_rounding)
+        low = Int8MixedConfig(bits=self.bits, grad_bits=self.grad_bits, grad_rounding=self.grad_rounding,
+                              weight_grad_rounding=None)  # the paper's one rounding for both gradient copies
         prec = low.precision_for(module, fqn)
         gw = prec.grad_weight
         wide = dataclasses.replace(gw, lhs=dataclasses.replace(gw.lhs, fmt=IntFormat(self.wgrad_bits)))

@@ -213,7 +213,8 @@ class UnifiedInt8Config(RecipeConfig):
             raise ValueError(f"unified-int8 alpha={self.alpha}, beta={self.beta}: allowed alpha >= 0, 0 < beta <= 1")
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
-        base = Int8MixedConfig(bits=self.bits, grad_rounding=self.grad_rounding).precision_for(module, fqn)
+        base = Int8MixedConfig(bits=self.bits, grad_rounding=self.grad_rounding,
+                               weight_grad_rounding=None).precision_for(module, fqn)  # its own rounding for all
         per_tensor = lambda gemm: dataclasses.replace(gemm, lhs=dataclasses.replace(gemm.lhs, granularity=PerTensor()))  # noqa: E731
         return dataclasses.replace(base, grad_input=per_tensor(base.grad_input), grad_weight=per_tensor(base.grad_weight))
 
