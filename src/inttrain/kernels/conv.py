@@ -27,7 +27,9 @@ Kernels
   (oneDNN s8s8s32 GEMM), over the batch in chunks that stay in cache and that
   bound every int32 partial (see :func:`_batch_chunk`); the partials are summed
   in int64.  Stride 1 uses "shifted GEMMs" on a padded NHWC grid (no im2col);
-  other strides use a per-chunk im2col.
+  other strides use a per-chunk im2col.  :func:`conv2d_weight_grad_float` takes the float output
+  gradient and a scale instead of codes: the native kernel rounds it (nearest or stochastic) while
+  packing it, so no pass writes the codes.
 
 Other devices (CUDA) take :mod:`.conv_generic`: im2col + ``torch._int_mm``, exact, slower.
 
