@@ -119,6 +119,24 @@ def test_large_reduction_forward_exact() -> None:
     assert torch.equal(dx, R.conv2d_input_grad(g, ONE, wq, ONE, tuple(x.shape), geom))
 
 
+def test_accumulator_bound_matches_its_definition() -> None:
+    """The per-channel bound (worst of 255 * max(pos, neg) and 128 * (pos + neg) within 2^24) on weights on both
+    sides of it, the code -128 included."""
+    gen = torch.Generator().manual_seed(5)
+    seen = set()
+    for trial in range(60):
+        taps, lim = (576, 1800, 4000)[trial % 3], (128, 60, 20)[trial % 3]
+        wq = torch.randint(-lim, lim, (4, taps), dtype=torch.int8, generator=gen)
+        if trial % 4 == 0:
+            wq[trial % 4] = -128
+        w = wq.to(torch.int64)
+        pos, neg = w.clamp(min=0).sum(1), (-w).clamp(min=0).sum(1)
+        want = bool(torch.maximum(255 * torch.maximum(pos, neg), 128 * (pos + neg)).max() <= 1 << 24)
+        assert K._accumulator_safe(wq.reshape(4, taps, 1, 1)) is want
+        seen.add(want)
+    assert seen == {True, False}
+
+
 def test_real_scales() -> None:
     torch.manual_seed(4)
     for s, groups in [(1, 1), (2, 1), (1, 2)]:
