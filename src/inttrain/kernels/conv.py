@@ -45,7 +45,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..numerics.hashing import uniform_from_counter
+from ..numerics.quantize import round_and_clamp, storage_dtype
+from ..spec import IntFormat, Rounding
 from . import conv_generic, native
 from .conv_geometry import ConvGeometry
 from .counters import count
@@ -486,8 +487,6 @@ def conv2d_weight_grad(
     (the last with all-ones codes) recombined exactly in int64.
     """
     count("conv_wgrad")
-    co = int(weight_shape[0])
-    scale = _scale_vector(g_scale, co).to(torch.float64) * _scalar(x_scale)
     if not _on_cpu(gq, xq):
         if gq.dtype != torch.int16:
             return conv_generic.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
@@ -502,7 +501,14 @@ def conv2d_weight_grad(
                   + 128 * _weight_grad_int(torch.ones_like(hi), xq, weight_shape, geom))
     else:
         dw_int = _weight_grad_int(gq, xq, weight_shape, geom)
-    return (dw_int.to(torch.float64) * scale.view(co, 1, 1, 1)).to(torch.float32)
+    return _scaled_weight_grad(dw_int, g_scale, x_scale)
+
+
+def _scaled_weight_grad(dw_int: Tensor, g_scale: Tensor, x_scale: Tensor) -> Tensor:
+    """Exact int64 sums ``[Co, ...]`` times ``g_scale[co] * x_scale``, in float64, as float32."""
+    co = dw_int.shape[0]
+    scale = _scale_vector(g_scale, co).to(torch.float64) * _scalar(x_scale)
+    return (dw_int.to(torch.float64) * scale.view(co, *[1] * (dw_int.dim() - 1))).to(torch.float32)
 
 
 def conv2d_weight_grad_float(
@@ -520,17 +526,15 @@ def conv2d_weight_grad_float(
     """
     if geom.groups == 1 and _on_cpu(dy, xq) and qmax <= 127 and native.available():
         count("conv_wgrad")
-        co = int(weight_shape[0])
         dw_int = native.conv2d_weight_grad_float(
             dy.to(torch.float32), g_scale, qmax, stochastic, seed, xq, weight_shape, geom.stride, geom.padding,
             geom.dilation)
-        scale = _scale_vector(g_scale, co).to(torch.float64) * _scalar(x_scale)
-        return (dw_int.to(torch.float64) * scale.view(co, 1, 1, 1)).to(torch.float32)
+        return _scaled_weight_grad(dw_int, g_scale, x_scale)
+    fmt = IntFormat(qmax.bit_length() + 1)  # the symmetric signed format whose largest code is qmax
     rows = dy.to(torch.float32).permute(0, 2, 3, 1).reshape(-1, dy.shape[1])
-    v = rows / g_scale.reshape(1, -1).to(torch.float32)
-    r = torch.floor(v + uniform_from_counter(v.shape, seed, v.device)) if stochastic else torch.round(v)
-    dtype = torch.int8 if qmax <= 127 else torch.int16
-    gq = r.clamp(-qmax, qmax).to(dtype).reshape(dy.shape[0], dy.shape[2], dy.shape[3], -1).permute(0, 3, 1, 2)
+    codes = round_and_clamp(rows / g_scale.reshape(1, -1).to(torch.float32), fmt,
+                            Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN, seed)
+    gq = codes.to(storage_dtype(fmt)).reshape(dy.shape[0], dy.shape[2], dy.shape[3], -1).permute(0, 3, 1, 2)
     return conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
 
 
