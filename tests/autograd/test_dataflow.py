@@ -2,7 +2,7 @@
 
 Invariants (value = scale * code):
 * ReLU, max pooling, flatten and dropout on int8 are exact, forward and backward.
-* ReLU6, average pooling, batch norm and the residual add re-round their output: error <= half a step
+* ReLU6, GELU, average pooling, batch norm and the residual add re-round their output: error <= half a step
   of the output scale; their backward equals the float op's backward on the dequantized input.
 * A dataflow convolution consuming an absmax-quantized QActivation gives bit-identical outputs and
   gradients to the non-dataflow layer on the dequantized float input (re-quantizing is the identity).
@@ -75,6 +75,22 @@ def test_exact_ops_match_float_forward_and_backward(op):
 def test_relu_keeps_per_channel_scales_exactly():
     yq, yf, gq, gf = _both(F.relu, _q(per_channel=True))
     assert torch.equal(yq, yf) and torch.equal(gq, gf)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_table_within_half_a_step_and_float_backward(approximate):
+    """Int8 GELU: output codes within half an output step of gelu(value); the gradient is gelu'(value)
+    times the incoming gradient, as the float op's backward on the dequantized input; saves 1 byte each."""
+    q = _q(shape=(3, 5, 16), scale=2.0)
+    op = lambda t: F.gelu(t, approximate=approximate)  # noqa: E731
+    yq, yf, gq, gf = _both(op, q)
+    leaf, qin = _int8_leaf(q)
+    out = op(qin)
+    assert out.codes.dtype == torch.uint8 and out.scale.numel() == 1
+    step = out.scale.item()
+    assert (yq - yf).abs().max().item() <= step / 2 * (1 + 1e-5)
+    assert torch.allclose(gq, gf, rtol=1e-6, atol=1e-7)
+    assert saved_activation_bytes(nn.Identity(), lambda: op(qin)) <= q.numel() + 64
 
 
 @pytest.mark.parametrize("op", [

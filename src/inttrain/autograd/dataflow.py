@@ -11,6 +11,7 @@ Exactness (value = scale * code):
     relu, max_pool2d, flatten, dropout   exact: the same codes (dropout divides the scale by 1 - p)
     views, reshapes, transposes, splits  exact: the same codes rearranged
     relu6                                the bound 6 is rounded to the code grid: error <= scale / 2
+    gelu                                 output scale from the 256 input values: error <= out_scale / 2
     avg_pool2d, adaptive_avg_pool2d      the window mean of the codes, rounded half-even: <= scale / 2
     batch_norm, add                      float on the exact dequantized values; the consumer (ReLU)
                                          quantizes per tensor (absmax scale): <= out_scale / 2
@@ -18,7 +19,7 @@ Exactness (value = scale * code):
     attention                            float softmax on exact q, k, v; output <= out_scale / 2
 Backward formulas are the float ops' formulas evaluated on the values forward used, so a gradient
 is exact for the quantized forward (batch norm and layer norm recompute their normalised input from
-the saved codes; attention keeps its output as 16-bit codes for backward).
+the saved codes; attention keeps its output in bfloat16 for backward).
 
 The residual add's scale rule: the two operands may carry very different scales (a shortcut and a
 main branch); the sum is formed from both exact values and given one new scale ``amax / 127`` by its
@@ -44,7 +45,6 @@ __all__ = ["to_float", "int8_relu", "int8_add", "int8_batch_norm"]
 
 _CL = torch.channels_last
 _ROW_SPEC = QuantSpec(IntFormat(8), PerChannel(0))  # LayerNorm input: one scale per row (token)
-_O16_SPEC = QuantSpec(IntFormat(16))  # attention output kept for backward
 
 
 def _codes_like(x: QActivation, codes: torch.Tensor, scale: torch.Tensor | None = None) -> QActivation:
@@ -155,6 +155,47 @@ def _relu6(x, inplace: bool = False):
     if not isinstance(x, QActivation):
         return NotImplemented
     return _ReLU6.apply(x)
+
+
+# ----------------------------------------------------------------------------- gelu
+
+
+class _GELU(Function):
+    """GELU on int8 codes, output int8 codes with a scale known before the data is read.
+
+    A per-tensor input has 256 possible values, so the largest |gelu| over its code range -- hence the
+    output scale ``amax / qmax`` -- comes from a 256-entry table, and one pass over the data writes the
+    output codes ``round(gelu(value) / out_scale)`` (no amax pass; the next Linear consumes the codes as
+    they are).  Backward is the float op's backward on the same values.  Saves the uint8 input codes.
+    Per element the GELU is computed, not gathered from the table: a compiled graph would otherwise
+    inline the table's computation into the gather."""
+
+    @staticmethod
+    def forward(ctx, x: QActivation, approximate: str):
+        qmax = (1 << (x.bits - 1)) - 1
+        lo, hi = _code_min(x) - x.zero_point, _code_max(x) - x.zero_point
+        table = F.gelu(torch.arange(lo, hi + 1, dtype=torch.float32, device=x.codes.device) * x.scale,
+                       approximate=approximate)
+        amax = table.abs().amax()
+        out_scale = torch.where(amax == 0, torch.ones_like(amax), amax / qmax).reshape(1)
+        with torch._C.DisableTorchFunctionSubclass():
+            y = F.gelu(x.dequantize(), approximate=approximate)
+        codes = (torch.round(y / out_scale).clamp(-qmax, qmax) + 128).to(torch.uint8)
+        ctx.save_for_backward(x.codes, x.scale)
+        ctx.approximate = approximate
+        return QActivation(codes, out_scale, 128, x.bits)
+
+    @staticmethod
+    def backward(ctx, g):
+        codes, scale = ctx.saved_tensors
+        values = QActivation(codes, scale, 128).dequantize()
+        return torch.ops.aten.gelu_backward(g, values, approximate=ctx.approximate), None
+
+
+def _gelu(x, approximate: str = "none"):
+    if not isinstance(x, QActivation) or x.per_channel or x.zero_point != 128:
+        return NotImplemented
+    return _GELU.apply(x, approximate)
 
 
 # ----------------------------------------------------------------------------- pooling
@@ -430,7 +471,7 @@ def _layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
 class _Attention(Function):
     """Scaled dot-product attention on int8 q, k, v (CPU flash-attention kernel on their exact values).
 
-    Saves the q, k, v codes, the output as 16-bit codes and the float log-sum-exp per query row; the output
+    Saves the q, k, v codes, the output in bfloat16 and the float log-sum-exp per query row; the output
     goes on as int8 (the next Linear consumes and keeps those codes).  Backward runs the kernel's own
     backward on the saved values."""
 
@@ -438,19 +479,25 @@ class _Attention(Function):
     def forward(ctx, q: QActivation, k: QActivation, v: QActivation, is_causal: bool, scale):
         qf, kf, vf = q.dequantize(), k.dequantize(), v.dequantize()
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qf, kf, vf, 0.0, is_causal, scale=scale)
-        oq = quantize_activation(out, per_channel=False, bits=q.bits, name="attention output")
+        # The kernel writes O [B, H, S, D] laid out as [B, S, H, D]: both per-tensor quantizations read it in
+        # that memory order (a gather in the logical order is a scalar loop: ~5 ms per layer here), and the
+        # codes keep the layout, so the model's transpose(1, 2).reshape(B, S, H*D) stays a view.
+        o_mem = out.transpose(1, 2)
+        flat = o_mem.reshape(1, -1)
+        oq = quantize_activation(flat, per_channel=False, bits=q.bits, name="attention output")
         # Backward's rowsum(dO * O) term is sensitive to O's rounding (int8 O cost ~5 dB of gradient SQNR on
-        # the qkv weights here): O is kept for it as 16-bit codes, half of float32.
-        o16, s16 = quantize_matrix(out.reshape(1, -1), _O16_SPEC, 1)
-        ctx.save_for_backward(q.codes, q.scale, k.codes, k.scale, v.codes, v.scale, o16, s16, lse)
-        ctx.is_causal, ctx.scale_arg, ctx.out_shape = is_causal, scale, out.shape
-        return QActivation(oq.codes.reshape(out.shape), oq.scale, oq.zero_point, oq.bits)
+        # the qkv weights here): O is kept for it in bfloat16 (as bf16 autocast training keeps it), half of
+        # float32.  (Int16 codes were as small, but their conversion is a scalar loop in compiled graphs.)
+        o_bf16 = o_mem.to(torch.bfloat16)
+        ctx.save_for_backward(q.codes, q.scale, k.codes, k.scale, v.codes, v.scale, o_bf16, lse)
+        ctx.is_causal, ctx.scale_arg = is_causal, scale
+        return QActivation(oq.codes.reshape(o_mem.shape).transpose(1, 2), oq.scale, oq.zero_point, oq.bits)
 
     @staticmethod
     def backward(ctx, g):
-        qc, qs, kc, ks, vc, vs, o16, s16, lse = ctx.saved_tensors
+        qc, qs, kc, ks, vc, vs, o_bf16, lse = ctx.saved_tensors
         q, k, v = (QActivation(c, s).dequantize() for c, s in ((qc, qs), (kc, ks), (vc, vs)))
-        o = (o16.to(torch.float32) * s16).reshape(ctx.out_shape)
+        o = o_bf16.to(torch.float32).transpose(1, 2)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             g.contiguous(), q, k, v, o, lse, 0.0, ctx.is_causal, scale=ctx.scale_arg)
         return dq, dk, dv, None, None
@@ -506,6 +553,7 @@ def _register() -> None:
     table = {
         int8_relu: [F.relu, torch.relu, torch.Tensor.relu, torch.relu_, torch.Tensor.relu_],
         _relu6: [F.relu6],
+        _gelu: [F.gelu],
         _max_pool2d: [F.max_pool2d],
         _avg_pool2d: [F.avg_pool2d],
         _adaptive_avg_pool2d: [F.adaptive_avg_pool2d],
