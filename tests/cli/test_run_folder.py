@@ -197,6 +197,32 @@ def test_signal_saves_last_and_exits(tmp_path: Path, signum: int) -> None:
     assert state["train_state"]["step"] == max(steps) >= 3
 
 
+def test_grad_rounding_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _train(tmp_path / "r", "--recipe", "int8", "--grad-rounding", "up") == 2
+    assert _err(capsys) == "error: --grad-rounding: 'up': expected nearest or stochastic"
+    assert _train(tmp_path / "r", "--recipe", "dorefa", "--grad-rounding", "stochastic") == 2
+    assert _err(capsys) == ("error: --grad-rounding: stochastic: recipe 'dorefa' has no gradient rounding choice; "
+                            "use int8, sbm or unified-int8")
+    assert not (tmp_path / "r").exists()
+    run = tmp_path / "gsr"
+    assert _train(run, "--recipe", "int8", "--grad-rounding", "stochastic", "--max-steps", "2") == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert (saved["grad_rounding"], saved["weight_grad_rounding"]) == ("stochastic", None)
+
+
+def test_grad_rounding_reaches_the_input_gradient_gemm() -> None:
+    from inttrain.cli.run import recipe_config_for
+    from inttrain.spec import Rounding
+
+    cfg = recipe_config_for("int8", None, None, "stochastic")
+    prec = cfg.precision_for(torch.nn.Linear(4, 4), "fc")
+    assert prec.grad_input.lhs.rounding is Rounding.STOCHASTIC
+    assert prec.grad_weight.lhs.rounding is Rounding.STOCHASTIC  # the int8 default for dW, unchanged
+    nearest = recipe_config_for("int8", None, "nearest", "stochastic").precision_for(torch.nn.Linear(4, 4), "fc")
+    assert (nearest.grad_input.lhs.rounding, nearest.grad_weight.lhs.rounding) == (Rounding.STOCHASTIC,
+                                                                                   Rounding.NEAREST_EVEN)
+
+
 def test_weight_grad_rounding_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _train(tmp_path / "r", "--recipe", "int8", "--weight-grad-rounding", "sr") == 2
     assert _err(capsys) == "error: --weight-grad-rounding: 'sr': expected nearest or stochastic"

@@ -47,6 +47,10 @@ class RunConfig:
     weight_grad_rounding: str | None = opt(None, "int8: rounding of the output gradient in the weight-gradient GEMM "
                                                  "only: nearest or stochastic (default: the recipe's, stochastic for int8).",
                                            default_text="recipe's")
+    grad_rounding: str | None = opt(None, "Rounding of the output gradient in the input-gradient GEMM (and in the "
+                                          "weight-gradient GEMM where the recipe sets none for it): nearest or "
+                                          "stochastic (default: the recipe's, nearest for int8).",
+                                    default_text="recipe's")
     epochs: int = opt(5, "Number of epochs.")
     batch_size: int = opt(32, "Batch size.")
     lr: float = opt(0.05, "Learning rate.")

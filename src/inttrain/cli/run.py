@@ -40,22 +40,19 @@ class Prepared:
 _ROUNDINGS = {"nearest": "NEAREST_EVEN", "stochastic": "STOCHASTIC"}
 
 
-def recipe_config_for(recipe: str, bits: int | None, weight_grad_rounding: str | None = None) -> Any:
+def recipe_config_for(recipe: str, bits: int | None, weight_grad_rounding: str | None = None,
+                      grad_rounding: str | None = None) -> Any:
     """The config ``prepare_`` gets: None (use the name), or the recipe's config with ``bits`` (and the
-    weight-gradient rounding) set."""
+    gradient roundings) set."""
     import inttrain
-    from inttrain.spec import Rounding
 
-    if bits is None and weight_grad_rounding is None:
+    if bits is None and weight_grad_rounding is None and grad_rounding is None:
         return None
     cfg = inttrain.get_config(recipe)
-    if weight_grad_rounding is not None:
-        if weight_grad_rounding not in _ROUNDINGS:
-            raise UsageProblem("--weight-grad-rounding", f"{weight_grad_rounding!r}: expected nearest or stochastic")
-        try:
-            cfg = cfg.with_weight_grad_rounding(Rounding[_ROUNDINGS[weight_grad_rounding]])
-        except ValueError as e:
-            raise UsageProblem("--weight-grad-rounding", f"{weight_grad_rounding}: {e}") from None
+    for flag, value, setter in (("--grad-rounding", grad_rounding, "with_grad_rounding"),
+                                ("--weight-grad-rounding", weight_grad_rounding, "with_weight_grad_rounding")):
+        if value is not None:
+            cfg = _set_rounding(cfg, flag, value, setter)
     if bits is None:
         return cfg
     if not cfg.converts_layers():
@@ -64,6 +61,17 @@ def recipe_config_for(recipe: str, bits: int | None, weight_grad_rounding: str |
         return cfg.with_bits(bits)
     except ValueError as e:  # no bit width, or the library's range check (UnsupportedFormatError)
         raise UsageProblem("--bits", f"{bits}: {e}" if "has no bits" in str(e) else str(e)) from None
+
+
+def _set_rounding(cfg: Any, flag: str, value: str, setter: str) -> Any:
+    from inttrain.spec import Rounding
+
+    if value not in _ROUNDINGS:
+        raise UsageProblem(flag, f"{value!r}: expected nearest or stochastic")
+    try:
+        return getattr(cfg, setter)(Rounding[_ROUNDINGS[value]])
+    except ValueError as e:
+        raise UsageProblem(flag, f"{value}: {e}") from None
 
 
 def validate_config(cfg: RunConfig) -> Any:
@@ -119,7 +127,7 @@ def validate_config(cfg: RunConfig) -> Any:
         where = {"npz": "an .npz file", "text": "a UTF-8 text file"}.get(
             cfg.dataset, f"a file or folder with the {cfg.dataset} data")
         raise UsageProblem("--data-dir", f"{cfg.data_dir!r} does not exist; expected {where}")
-    return recipe_config_for(cfg.recipe, cfg.bits, cfg.weight_grad_rounding)
+    return recipe_config_for(cfg.recipe, cfg.bits, cfg.weight_grad_rounding, cfg.grad_rounding)
 
 
 def _check_optimizer_knobs(cfg: RunConfig) -> None:

@@ -124,9 +124,18 @@ class RecipeConfig:
     def with_weight_grad_rounding(self, rounding: Rounding) -> RecipeConfig:
         """This config with the weight-gradient GEMM's output-gradient rounding set (``inttrain train
         --weight-grad-rounding``); ValueError if the recipe has no such choice."""
-        if "weight_grad_rounding" not in {f.name for f in dataclasses.fields(self)}:
-            raise ValueError(f"recipe {self.name!r} has no weight-gradient rounding choice; use int8")
-        return dataclasses.replace(self, weight_grad_rounding=rounding)
+        return self._with_rounding("weight_grad_rounding", rounding, "weight-gradient rounding choice; use int8")
+
+    def with_grad_rounding(self, rounding: Rounding) -> RecipeConfig:
+        """This config with the output-gradient rounding set (``inttrain train --grad-rounding``: the
+        input-gradient GEMM's, and the weight-gradient GEMM's where the recipe sets no rounding of its own
+        for it); ValueError if the recipe has no such choice."""
+        return self._with_rounding("grad_rounding", rounding, "gradient rounding choice; use int8, sbm or unified-int8")
+
+    def _with_rounding(self, field: str, rounding: Rounding, missing: str) -> RecipeConfig:
+        if field not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(f"recipe {self.name!r} has no {missing}")
+        return dataclasses.replace(self, **{field: rounding})
 
     # ------------------------------------------------------------------ training
     def autocast(self, device: str | torch.device = "cpu") -> contextlib.AbstractContextManager[Any]:
