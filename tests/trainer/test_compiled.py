@@ -14,6 +14,7 @@ def test_auto_compile_rule(monkeypatch) -> None:
     assert auto_compile(True, False) == (True, "integer layers")  # int8 dataflow included
     assert auto_compile(False, False)[0] is False  # float recipes
     assert auto_compile(True, True)[0] is False  # data parallel
+    assert auto_compile(True, False, graph_friendly=False) == (False, "the recipe's per-layer hooks break the graph")
     monkeypatch.setenv("INTTRAIN_COMPILE", "0")
     assert auto_compile(True, False) == (False, "INTTRAIN_COMPILE=0")
 
@@ -30,3 +31,12 @@ def test_compile_failure_falls_back_to_eager_with_one_message(monkeypatch) -> No
     for _ in range(3):
         assert torch.equal(fwd(x), model(x))
     assert lines == ["torch.compile failed (RuntimeError: no C++ compiler here); training eagerly (--no-compile to skip)"]
+
+
+def test_recipes_whose_hooks_break_the_graph_do_not_compile_by_default() -> None:
+    """dorefa reads max|x| with .item() and unified-int8 branches on each gradient's amax in every layer: compiled,
+    every layer is its own graph and the recompile limit is hit, so they train eagerly unless asked."""
+    import inttrain
+
+    assert [n for n in ("int8", "sbm", "wageubn", "dorefa", "unified-int8", "fp32")
+            if inttrain.get_config(n).compiles()] == ["int8", "sbm", "wageubn"]

@@ -684,4 +684,4 @@ def _use_compile(cfg: RunConfig, p: Any, dp: Any) -> bool:
     from inttrain.trainer.compiled import auto_compile
 
     recipe = get_config(p.recipe_config if p.recipe_config is not None else cfg.recipe)
-    return auto_compile(recipe.converts_layers(), dp is not None)[0]
+    return auto_compile(recipe.converts_layers(), dp is not None, recipe.compiles())[0]

@@ -109,6 +109,12 @@ class RecipeConfig:
         """False for float baselines (fp32, bf16), which leave the model untouched."""
         return True
 
+    def compiles(self) -> bool:
+        """Whether ``inttrain train`` compiles this recipe's step by default.  False where the recipe's per-layer
+        hooks read tensors into Python state every call: each layer then becomes its own graph and the
+        layers, which share one ``forward``, exhaust torch.compile's recompile limit (measured slower than eager)."""
+        return self.converts_layers()
+
     def convert_norms_(self, model: nn.Module) -> nn.Module:
         """Swap ``model``'s BatchNorm layers for the recipe's own, in place (default: keep them)."""
         return model

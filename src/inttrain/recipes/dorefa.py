@@ -171,6 +171,9 @@ class DoReFaConfig(RecipeConfig):
     def hooks_for(self, module: nn.Module, fqn: str) -> LayerHooks:
         return _DoReFaHooks(*self.layer_bits(module))
 
+    def compiles(self) -> bool:
+        return False  # its weight/activation transforms read max|x| with .item() in every layer (graph breaks)
+
     def layer_filter(self, model: nn.Module):
         if not self.first_last_float:
             return None

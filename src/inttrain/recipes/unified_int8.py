@@ -221,6 +221,9 @@ class UnifiedInt8Config(RecipeConfig):
     def hooks_for(self, module: nn.Module, fqn: str) -> DSGCState:
         return DSGCState(self.bits, self.clip_ratios, self.search_every)
 
+    def compiles(self) -> bool:
+        return False  # DSGC branches on each gradient's amax and searches in Python (per-layer graph breaks)
+
     def optimizer_for(self, model: nn.Module, optimizer: str = "sgd", lr: float = 0.05, *,
                       momentum: float = DEFAULT_MOMENTUM, weight_decay: float = 0.0, nesterov: bool = False,
                       lr_scaling: bool = True) -> torch.optim.Optimizer:

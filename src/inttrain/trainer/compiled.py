@@ -18,17 +18,20 @@ from torch import nn
 __all__ = ["CompiledForward", "auto_compile"]
 
 
-def auto_compile(converts_layers: bool, distributed: bool) -> tuple[bool, str]:
+def auto_compile(converts_layers: bool, distributed: bool, graph_friendly: bool = True) -> tuple[bool, str]:
     """Whether ``inttrain train`` compiles by default, and why (the default follows what measured fastest).
 
     Integer layers compile, int8 dataflow included (measured 1.3-1.4x faster than their eager step on the
-    MLP and ResNet-20 rows of benchmarks/speed.py); float recipes gain little; data-parallel runs do not
-    compile yet.  ``INTTRAIN_COMPILE=0`` in the environment turns it off.
+    MLP and ResNet-20 rows of benchmarks/speed.py); float recipes gain little; recipes whose per-layer hooks
+    break the graph (``graph_friendly=False``: :meth:`inttrain.recipes.RecipeConfig.compiles`) and data-parallel
+    runs do not compile.  ``INTTRAIN_COMPILE=0`` in the environment turns it off.
     """
     if os.environ.get("INTTRAIN_COMPILE", "1") in ("0", "false", "no"):
         return False, "INTTRAIN_COMPILE=0"
     if not converts_layers:
         return False, "float recipe"
+    if not graph_friendly:
+        return False, "the recipe's per-layer hooks break the graph"
     if distributed:
         return False, "data-parallel runs do not compile yet"
     return True, "integer layers"
