@@ -15,9 +15,10 @@ SCRIPT = "accuracy_full"  # conftest.py's `bench` fixture loads benchmarks/accur
 def test_jobs_seed_major_with_three_seeds_for_the_tight_variants(bench) -> None:
     args = bench.parse_args(["--data", "x.npz"])
     jobs = bench.all_jobs(args)
-    assert len(jobs) == 3 * 3 + 8 * 2 + 1  # fp32, int8, int8-dataflow: 3 seeds; int8-dataflow-nearest 1; the rest 2
-    assert jobs[:12] == [(v, 0) for v in bench.VARIANTS]
-    assert jobs[-3:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2)]
+    # fp32, int8, int8-dataflow, int8-gsr: 3 seeds; int8-dataflow-nearest 1; the rest 2
+    assert len(jobs) == 4 * 3 + 8 * 2 + 1
+    assert jobs[:13] == [(v, 0) for v in bench.VARIANTS]
+    assert jobs[-4:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2), ("int8-gsr", 2)]
 
 
 def _row(variant: str, seed: int, acc: float, gbitops: float | None = None) -> dict:
