@@ -73,6 +73,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "int8-dataflow-nearest": ({"recipe": "int8", "dataflow": True, "weight_grad_rounding": "nearest"}, 1),
     # stochastic rounding of the output gradient in the input-gradient GEMM too (all three gradient codes unbiased)
     "int8-gsr": ({"recipe": "int8", "grad_rounding": "stochastic"}, 3),
+    "int8-dataflow-gsr": ({"recipe": "int8", "dataflow": True, "grad_rounding": "stochastic"}, 3),
     "unified-int8": ({"recipe": "unified-int8"}, 2),
     "sbm": ({"recipe": "sbm"}, 2),
     # WageubnSGD (the recipe's quantized update) has momentum but no nesterov variant.
@@ -87,7 +88,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
 TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8": ("fp32", 0.2, None), "int8-dataflow": ("fp32", 0.2, None), "int8-nearest": ("fp32", 0.2, None),
     "int8-dataflow-nearest": ("fp32", 0.2, None),
-    "int8-gsr": ("fp32", 0.2, None),
+    "int8-gsr": ("fp32", 0.2, None), "int8-dataflow-gsr": ("fp32", 0.2, None),
     **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "dorefa-8")},
     "cpt-3-8": ("int8", 0.3, 0.6), "integer-only": ("fp32", 3.0, None),
 }
