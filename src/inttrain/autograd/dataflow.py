@@ -11,7 +11,7 @@ Exactness (value = scale * code):
     relu, max_pool2d, flatten, dropout   exact: the same codes (dropout divides the scale by 1 - p)
     views, reshapes, transposes, splits  exact: the same codes rearranged
     relu6                                the bound 6 is rounded to the code grid: error <= scale / 2
-    gelu                                 output scale from the 256 input values: error <= out_scale / 2
+    gelu                                 scale from the input's possible values: error <= out_scale / 2
     avg_pool2d, adaptive_avg_pool2d      the window mean of the codes, rounded half-even: <= scale / 2
     batch_norm, add                      float on the exact dequantized values; the consumer (ReLU)
                                          quantizes per tensor (absmax scale): <= out_scale / 2
@@ -163,10 +163,11 @@ def _relu6(x, inplace: bool = False):
 class _GELU(Function):
     """GELU on int8 codes, output int8 codes with a scale known before the data is read.
 
-    A per-tensor input has 256 possible values, so the largest |gelu| over its code range -- hence the
-    output scale ``amax / qmax`` -- comes from a 256-entry table, and one pass over the data writes the
-    output codes ``round(gelu(value) / out_scale)`` (no amax pass; the next Linear consumes the codes as
-    they are).  Backward is the float op's backward on the same values.  Saves the uint8 input codes.
+    A per-tensor input has few possible values (255 at 8 bits: codes -127..127), so the largest |gelu| over
+    its code range -- hence the output scale ``amax / qmax`` -- comes from a table of those values, and one
+    pass over the data writes the output codes ``round(gelu(value) / out_scale)`` (no amax pass; the next
+    Linear consumes the codes as they are).  Backward is the float op's backward on the same values.  Saves
+    the uint8 input codes.
     Per element the GELU is computed, not gathered from the table: a compiled graph would otherwise
     inline the table's computation into the gather."""
 
