@@ -135,6 +135,8 @@ def test_accumulator_bound_matches_its_definition() -> None:
         assert K._accumulator_safe(wq.reshape(4, taps, 1, 1)) is want
         seen.add(want)
     assert seen == {True, False}
+    # a long reduction of saturated weights (products past 2^31: the sums are int64, no wrap-around)
+    assert K._accumulator_safe(torch.full((1, 40000, 1, 1), -128, dtype=torch.int8)) is False
 
 
 def test_real_scales() -> None:

@@ -167,7 +167,7 @@ def _accumulator_safe(wq: Tensor) -> bool:
     if 255 * 128 * wq[0].numel() <= _F32_EXACT:  # any int8 weights of this size: no data to read
         return True
     w = wq.reshape(wq.shape[0], -1).to(torch.int16)  # |-128| needs more than int8
-    a, s = w.abs().sum(1, dtype=torch.int32), w.sum(1, dtype=torch.int32)
+    a, s = w.abs().sum(1, dtype=torch.int64), w.sum(1, dtype=torch.int64)  # 255 * 256 * taps may pass 2^31
     # pos = (a + s) / 2, neg = (a - s) / 2, so 2 * worst = max(255 (a + |s|), 256 a): fewer small ops per call
     return bool(torch.maximum(255 * (a + s.abs()), 256 * a).max() <= 2 * _F32_EXACT)
 
