@@ -42,6 +42,10 @@ def test_conv_ops_match_eager_kernels_and_opcheck(geom):
     torch.library.opcheck(torch.ops.inttrain.conv2d_input_grad_u8, dargs)
     dx = torch.ops.inttrain.conv2d_input_grad_u8(*dargs)
     assert torch.equal(dx, conv_kernels.conv2d_input_grad_u8(g, sg, w, swi, tuple(x.shape), geom))
+    # the CPU graph node: the sub-pixel conv, whose depth-to-space (views, traced) gives the same dx
+    torch.library.opcheck(torch.ops.inttrain.conv2d_input_grad_phases_u8, dargs)
+    phases = torch.ops.inttrain.conv2d_input_grad_phases_u8(*dargs)
+    assert torch.equal(conv_kernels.phases_to_input_grad(phases, tuple(x.shape), g.shape, w.shape, geom), dx)
 
     gq = _codes(*y.shape)
     sgc = torch.rand(6) / 50 + 0.01

@@ -19,6 +19,7 @@ from torch import Tensor
 from ..spec import PerChannel, QuantSpec, Rounding, ScaleKind
 from . import conv as conv_kernels
 from . import native
+from ..oplib import operator
 from .conv_geometry import ConvGeometry
 from .matmul import INT8_SAFE_K, int8_mm
 
@@ -44,16 +45,18 @@ def _shape(size) -> list[int]:
 # ------------------------------------------------------------------------------------------ int8 GEMM
 
 
-@torch.library.custom_op("inttrain::int8_mm", mutates_args=())
+def _int8_mm_fake(a: Tensor, b: Tensor) -> Tensor:
+    dtype = torch.int64 if a.shape[1] > INT8_SAFE_K else torch.int32
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)
+
+
+@operator(
+    "int8_mm(Tensor a, Tensor b) -> Tensor",
+    _int8_mm_fake,
+)
 def _int8_mm(a: Tensor, b: Tensor) -> Tensor:
     """Exact ``a @ b`` of int8 matrices: int32, or int64 when the reduction is longer than INT8_SAFE_K."""
     return int8_mm(a, b).contiguous()  # CUDA's zero-padded result is a slice: hand back the fake's layout
-
-
-@_int8_mm.register_fake
-def _(a: Tensor, b: Tensor) -> Tensor:
-    dtype = torch.int64 if a.shape[1] > INT8_SAFE_K else torch.int32
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=dtype)
 
 
 def int8_mm_op(a: Tensor, b: Tensor) -> Tensor:
@@ -68,19 +71,22 @@ def _out_len(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-@torch.library.custom_op("inttrain::conv2d_forward_u8", mutates_args=())
-def _conv_fwd(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, stride: list[int], padding: list[int],
-              dilation: list[int], groups: int) -> Tensor:
-    y = conv_kernels.conv2d_forward_u8(xu8, x_scale, wq, w_scale, _geom(stride, padding, dilation, groups))
-    return y.contiguous(memory_format=_CL)
-
-
-@_conv_fwd.register_fake
-def _(xu8, x_scale, wq, w_scale, stride, padding, dilation, groups):
+def _conv_fwd_fake(xu8, x_scale, wq, w_scale, stride, padding, dilation, groups):
     n, _, h, w = xu8.shape
     ho = _out_len(h, wq.shape[2], stride[0], padding[0], dilation[0])
     wo = _out_len(w, wq.shape[3], stride[1], padding[1], dilation[1])
     return xu8.new_empty((n, wq.shape[0], ho, wo), dtype=torch.float32).contiguous(memory_format=_CL)
+
+
+@operator(
+    "conv2d_forward_u8(Tensor xu8, Tensor x_scale, Tensor wq, Tensor w_scale, int[] stride, int[] padding, "
+    "int[] dilation, int groups) -> Tensor",
+    _conv_fwd_fake,
+)
+def _conv_fwd(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, stride: list[int], padding: list[int],
+              dilation: list[int], groups: int) -> Tensor:
+    y = conv_kernels.conv2d_forward_u8(xu8, x_scale, wq, w_scale, _geom(stride, padding, dilation, groups))
+    return y.contiguous(memory_format=_CL)
 
 
 def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry) -> Tensor:
@@ -90,38 +96,61 @@ def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor,
     return torch.ops.inttrain.conv2d_forward_u8(xu8, x_scale, wq, w_scale, *_geom_args(geom))
 
 
-@torch.library.custom_op("inttrain::conv2d_input_grad_u8", mutates_args=())
-def _conv_dgrad(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: list[int],
-                stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
-    dx = conv_kernels.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, tuple(input_shape),
-                                           _geom(stride, padding, dilation, groups))
-    return dx.contiguous(memory_format=_CL)
+_DGRAD_SIGNATURE = ("(Tensor gu8, Tensor g_scale, Tensor wq, Tensor w_scale, int[] input_shape, int[] stride, "
+                    "int[] padding, int[] dilation, int groups) -> Tensor")
 
 
-@_conv_dgrad.register_fake
-def _(gu8, g_scale, wq, w_scale, input_shape, stride, padding, dilation, groups):
-    return gu8.new_empty(tuple(input_shape), dtype=torch.float32).contiguous(memory_format=_CL)
+def _dgrad_operator(name: str, kernel, shape_of) -> None:
+    """Register input-gradient kernel ``kernel`` as ``inttrain::name``; ``shape_of(input_shape, g_shape,
+    w_shape, geom)`` gives its float32 channels-last result's shape."""
+
+    def fake(gu8, g_scale, wq, w_scale, input_shape, stride, padding, dilation, groups):
+        shape = shape_of(tuple(input_shape), tuple(gu8.shape), tuple(wq.shape), _geom(stride, padding, dilation, groups))
+        return gu8.new_empty(shape, dtype=torch.float32).contiguous(memory_format=_CL)
+
+    @operator(name + _DGRAD_SIGNATURE, fake)
+    def run(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: list[int], stride: list[int],
+            padding: list[int], dilation: list[int], groups: int) -> Tensor:
+        out = kernel(gu8, g_scale, wq, w_scale, tuple(input_shape), _geom(stride, padding, dilation, groups))
+        return out.contiguous(memory_format=_CL)
+
+
+_dgrad_operator("conv2d_input_grad_u8", conv_kernels.conv2d_input_grad_u8, lambda x_shape, g_shape, w_shape, geom: x_shape)
+_dgrad_operator("conv2d_input_grad_phases_u8", conv_kernels.conv2d_input_grad_phases_u8,
+                conv_kernels.input_grad_phases_shape)
 
 
 def conv2d_input_grad_u8(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple,
                          geom: ConvGeometry) -> Tensor:
-    """:func:`inttrain.kernels.conv.conv2d_input_grad_u8`; one graph node when compiling (channels-last)."""
+    """:func:`inttrain.kernels.conv.conv2d_input_grad_u8`; one graph node when compiling (channels-last).
+
+    On the CPU the node is the sub-pixel convolution, and its depth-to-space stays in the graph as views, for
+    Inductor to fold into the ops that read the gradient next (see :func:`.conv.phases_to_input_grad`).
+    """
     if not torch.compiler.is_compiling():
         return conv_kernels.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, input_shape, geom)
-    return torch.ops.inttrain.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, _shape(input_shape), *_geom_args(geom))
+    if gu8.device.type != "cpu":
+        return torch.ops.inttrain.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, _shape(input_shape),
+                                                       *_geom_args(geom))
+    y = torch.ops.inttrain.conv2d_input_grad_phases_u8(gu8, g_scale, wq, w_scale, _shape(input_shape),
+                                                       *_geom_args(geom))
+    return conv_kernels.phases_to_input_grad(y, _shape(input_shape), gu8.shape, wq.shape, geom)
 
 
-@torch.library.custom_op("inttrain::conv2d_weight_grad", mutates_args=())
+def _conv_wgrad_fake(gq, g_scale, xq, x_scale, weight_shape, stride, padding, dilation, groups):
+    return gq.new_empty(tuple(weight_shape), dtype=torch.float32)
+
+
+@operator(
+    "conv2d_weight_grad(Tensor gq, Tensor g_scale, Tensor xq, Tensor x_scale, int[] weight_shape, int[] stride, "
+    "int[] padding, int[] dilation, int groups) -> Tensor",
+    _conv_wgrad_fake,
+)
 def _conv_wgrad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: list[int],
                 stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
     dw = conv_kernels.conv2d_weight_grad(gq, g_scale, xq, x_scale, tuple(weight_shape),
                                          _geom(stride, padding, dilation, groups))
     return dw.contiguous()
-
-
-@_conv_wgrad.register_fake
-def _(gq, g_scale, xq, x_scale, weight_shape, stride, padding, dilation, groups):
-    return gq.new_empty(tuple(weight_shape), dtype=torch.float32)
 
 
 def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: tuple,
@@ -132,18 +161,21 @@ def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor,
     return torch.ops.inttrain.conv2d_weight_grad(gq, g_scale, xq, x_scale, _shape(weight_shape), *_geom_args(geom))
 
 
-@torch.library.custom_op("inttrain::conv2d_weight_grad_float", mutates_args=())
+def _conv_wgrad_float_fake(dy, g_scale, seed, xq, x_scale, weight_shape, stride, padding, dilation, groups, qmax, stochastic):
+    return dy.new_empty(tuple(weight_shape), dtype=torch.float32)
+
+
+@operator(
+    "conv2d_weight_grad_float(Tensor dy, Tensor g_scale, Tensor seed, Tensor xq, Tensor x_scale, int[] weight_shape, "
+    "int[] stride, int[] padding, int[] dilation, int groups, int qmax, bool stochastic) -> Tensor",
+    _conv_wgrad_float_fake,
+)
 def _conv_wgrad_float(dy: Tensor, g_scale: Tensor, seed: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: list[int],
                       stride: list[int], padding: list[int], dilation: list[int], groups: int, qmax: int,
                       stochastic: bool) -> Tensor:
     dw = conv_kernels.conv2d_weight_grad_float(dy, g_scale, qmax, stochastic, int(seed), xq, x_scale,
                                                tuple(weight_shape), _geom(stride, padding, dilation, groups))
     return dw.contiguous()
-
-
-@_conv_wgrad_float.register_fake
-def _(dy, g_scale, seed, xq, x_scale, weight_shape, stride, padding, dilation, groups, qmax, stochastic):
-    return dy.new_empty(tuple(weight_shape), dtype=torch.float32)
 
 
 def conv2d_weight_grad_float(dy: Tensor, g_scale: Tensor, qmax: int, stochastic: bool, seed: int | Tensor, xq: Tensor,
@@ -185,7 +217,19 @@ def rows_cols_native(row_spec: QuantSpec | None, col_spec: QuantSpec | None, dev
     return _native_spec(row_spec) and _native_spec(col_spec) and _quantize_library_loaded()
 
 
-@torch.library.custom_op("inttrain::quantize_rows_cols", mutates_args=())
+def _quantize_rows_cols_fake(dy, row_mul, col_mul, seeds, qmax, mode_rows, mode_cols, col_sum):
+    m, n = dy.shape
+    i8 = torch.int8
+    return (dy.new_empty((m, n) if mode_rows else (0,), dtype=i8), dy.new_empty((m, 1) if mode_rows else (0,)),
+            dy.new_empty((m, n) if mode_cols else (0,), dtype=i8), dy.new_empty((1, n) if mode_cols else (0,)),
+            dy.new_empty((n,) if col_sum else (0,)))
+
+
+@operator(
+    "quantize_rows_cols(Tensor dy, Tensor? row_mul, Tensor? col_mul, Tensor seeds, int qmax, int mode_rows, "
+    "int mode_cols, bool col_sum) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _quantize_rows_cols_fake,
+)
 def _quantize_rows_cols(dy: Tensor, row_mul: Tensor | None, col_mul: Tensor | None, seeds: Tensor, qmax: int,
                         mode_rows: int, mode_cols: int, col_sum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     seed_rows, seed_cols = (int(v) for v in seeds.tolist())
@@ -194,15 +238,6 @@ def _quantize_rows_cols(dy: Tensor, row_mul: Tensor | None, col_mul: Tensor | No
         seed_rows=seed_rows, sr_cols=mode_cols == 2, seed_cols=seed_cols, col_sum=col_sum)
     return tuple(t if t is not None else dy.new_empty((0,), dtype=torch.int8 if i in (0, 2) else torch.float32)
                  for i, t in enumerate(out))  # (fresh empties: outputs may not alias each other)
-
-
-@_quantize_rows_cols.register_fake
-def _(dy, row_mul, col_mul, seeds, qmax, mode_rows, mode_cols, col_sum):
-    m, n = dy.shape
-    i8 = torch.int8
-    return (dy.new_empty((m, n) if mode_rows else (0,), dtype=i8), dy.new_empty((m, 1) if mode_rows else (0,)),
-            dy.new_empty((m, n) if mode_cols else (0,), dtype=i8), dy.new_empty((1, n) if mode_cols else (0,)),
-            dy.new_empty((n,) if col_sum else (0,)))
 
 
 def quantize_rows_cols(dy: Tensor, row_mul: Tensor | None, col_mul: Tensor | None, row_spec: QuantSpec | None,

@@ -19,6 +19,8 @@ import enum
 
 import torch
 
+from ..oplib import operator
+
 __all__ = ["uniform_from_counter", "mix_seed", "mix_seed_tensor", "advance_seeds", "SeedPurpose", "derive_seed"]
 
 _MASK32 = 0xFFFFFFFF
@@ -97,17 +99,16 @@ def uniform_from_counter(
     return ((h >> 8).to(torch.float32) * (1.0 / (1 << 24))).reshape(shape)
 
 
-@torch.library.custom_op("inttrain::advance_seeds", mutates_args=("counter",))
+def _advance_seeds_fake(counter, seed, layer_id, gemms):
+    return counter.new_empty((gemms,))
+
+
+@operator("advance_seeds(Tensor(a!) counter, int seed, int layer_id, int gemms) -> Tensor", _advance_seeds_fake)
 def _advance_seeds(counter: torch.Tensor, seed: int, layer_id: int, gemms: int) -> torch.Tensor:
     calls = int(counter) + 1  # runs eagerly (an opaque node): Python ints are the cheapest here
     counter.fill_(calls)
     return torch.tensor([mix_seed(seed, layer_id, calls, g) for g in range(gemms)], dtype=torch.int64,
                         device=counter.device)
-
-
-@_advance_seeds.register_fake
-def _(counter, seed, layer_id, gemms):
-    return counter.new_empty((gemms,))
 
 
 def advance_seeds(counter: torch.Tensor, seed: int, layer_id: int, gemms: int = 3) -> torch.Tensor:
