@@ -27,8 +27,11 @@ def describe() -> dict[str, str]:
     cpu_int = "torch._int_mm (oneDNN int8 GEMM)" if has_int_mm("cpu") else "int64 reference (slow, exact)"
     info = {
         "linear (cpu)": cpu_int,
-        "conv2d forward/input grad (cpu)": "oneDNN int8 convolution (uint8 activations, zero point 128)",
-        "conv2d weight grad (cpu)": "torch._int_mm: shifted GEMMs (<= 16 in-channels) or im2col per batch chunk",
+        "conv2d forward/input grad (cpu)": ("native AVX512-VNNI implicit GEMM (kernels/native/conv.c; uint8 "
+                                            "activations, zero point 128), oneDNN int8 convolution where it "
+                                            "cannot run (grouped, input channels not a multiple of 4, no VNNI)"),
+        "conv2d weight grad (cpu)": ("native AVX512-VNNI kernel (kernels/native/conv.c), else torch._int_mm: "
+                                     "shifted GEMMs (<= 16 in-channels) or im2col per batch chunk"),
         "quantize/epilogue fusion": "torch.compile" if compile_enabled() else "eager (INTTRAIN_COMPILE=0)",
         "cpu capability": str(torch.backends.cpu.get_cpu_capability()),
     }

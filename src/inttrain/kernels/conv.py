@@ -179,7 +179,10 @@ def _qconv_exact(
     xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor,
     stride: list[int], padding: list[int], dilation: list[int], groups: int,
 ) -> Tensor:
-    """oneDNN int8 conv that is exact for any weights (splits Cin when needed)."""
+    """Int8 conv that is exact for any weights: the native kernel (exact int32 sums, weights packed in the
+    call), else oneDNN (splitting Cin when its float compensation could round)."""
+    if xu8.shape[0] > 0 and native.conv_forward_supported(int(wq.shape[1]), int(wq.shape[2]), int(wq.shape[3]), groups):
+        return native.conv2d_forward_u8s8(xu8, x_scale, wq, w_scales, tuple(stride), tuple(padding), tuple(dilation))
     if xu8.shape[0] == 0 or _accumulator_safe(wq):
         return _qconv_raw(xu8, x_scale, wq, w_scales, stride, padding, dilation, groups)
     taps = wq.shape[2] * wq.shape[3]

@@ -25,7 +25,8 @@ from torch import Tensor
 from ..workspace import scratch
 
 __all__ = ["NativeLibrary", "LIBRARY", "QUANTIZE_LIBRARY", "available", "quantize_available",
-           "conv2d_weight_grad_int", "conv2d_weight_grad_float", "quantize_rows_cols"]
+           "conv2d_weight_grad_int", "conv2d_weight_grad_float", "quantize_rows_cols",
+           "conv_forward_supported", "conv2d_forward_u8s8"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
@@ -116,6 +117,11 @@ def _setup_conv(lib: ctypes.CDLL) -> None:
     lib.inttrain_wgrad_f32.restype = ctypes.c_int
     lib.inttrain_wgrad_f32.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6
                                        + [ctypes.c_int64])
+    lib.inttrain_conv_fwd_u8s8.restype = ctypes.c_int
+    lib.inttrain_conv_lane_width.restype = ctypes.c_int64
+    lib.inttrain_conv_lane_width.argtypes = [ctypes.c_int64] * 5
+    lib.inttrain_conv_fwd_u8s8.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p,
+                                           ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64])
 
 
 def _setup_quantize(lib: ctypes.CDLL) -> None:
@@ -275,3 +281,52 @@ def conv2d_weight_grad_float(
     float_args = (scale.data_ptr(), int(scale.numel() == co and co > 1), int(qmax), int(stochastic),
                   int(seed) & 0xFFFFFFFF)
     return _run_wgrad(dy, xu8, weight_shape, stride, padding, dilation, threads, float_args)
+
+
+#: Longest reduction (Ci * KH * KW) whose int32 sums of |u8 * int8| <= 255 * 128 products cannot overflow.
+_FWD_MAX_TERMS = ((1 << 31) - 1) // (255 * 128)
+
+
+def conv_forward_supported(ci: int, kh: int, kw: int, groups: int) -> bool:
+    """Whether :func:`conv2d_forward_u8s8` takes this convolution (and the library loads): ungrouped, input
+    channels a multiple of 4 (4 codes per VNNI lane), a reduction int32 holds exactly."""
+    return groups == 1 and ci % 4 == 0 and ci * kh * kw <= _FWD_MAX_TERMS and available()
+
+
+def conv2d_forward_u8s8(
+    xu8: Tensor, x_scale: float, wq: Tensor, w_scale: Tensor, stride: tuple[int, int], padding: tuple[int, int],
+    dilation: tuple[int, int], threads: int | None = None,
+) -> Tensor:
+    """``conv2d(q, wq) * x_scale * w_scale[co]`` from shifted codes ``xu8 = q + 128`` (uint8, padding = code 0).
+
+    The sums are exact (int32, corrected by ``128 * sum(w)``); one float32 multiply scales them.  ``xu8``
+    [N, Ci, H, W] (channels-last is read in place, other layouts are copied), ``wq`` int8 [Co, Ci, KH, KW],
+    ``w_scale`` Co values or one.  Returns float32 [N, Co, Ho, Wo], channels-last.  Call only when
+    :func:`conv_forward_supported`.
+    """
+    lib = LIBRARY.load()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {LIBRARY.reason}")
+    if xu8.dtype != torch.uint8 or wq.dtype != torch.int8 or {xu8.device.type, wq.device.type} != {"cpu"}:
+        raise TypeError(f"expected CPU uint8 codes and int8 weights, got {xu8.dtype} and {wq.dtype}")
+    n, ci, h, w = (int(v) for v in xu8.shape)
+    co, _, kh, kw = (int(v) for v in wq.shape)
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = torch.empty((n, co, ho, wo), dtype=torch.float32, memory_format=torch.channels_last)
+    if out.numel() == 0:
+        return out
+    x, w_codes = xu8.contiguous(memory_format=torch.channels_last), wq.contiguous()  # held: C reads them
+    scale = w_scale.reshape(-1).to(torch.float32).contiguous()
+    if co <= 16 and (sh, sw) == (1, 1):  # the pixels-in-lanes kernel repacks x (see conv.c)
+        xp = scratch((n * (h + 2 * ph) * ci * lib.inttrain_conv_lane_width(w, pw, wo, kw, dw),), torch.uint8, xu8.device)
+    else:
+        xp = scratch((n * (h + 2 * ph) * (w + 2 * pw) * ci,), torch.uint8, xu8.device) if ph or pw else x
+    dims = _int64_array([n, ci, h, w, co, kh, kw, ho, wo, ph, pw, sh, sw, dh, dw])
+    status = lib.inttrain_conv_fwd_u8s8(x.data_ptr(), w_codes.data_ptr(), float(x_scale), scale.data_ptr(),
+                                        int(scale.numel() > 1), dims, xp.data_ptr(), out.data_ptr(),
+                                        threads or torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"native convolution failed (status {status})")
+    return out

@@ -1,4 +1,7 @@
-/* Int8 convolution weight gradient on AVX512-VNNI: dW = sum over (n, oh, ow) of g * x.
+/* Int8 convolution kernels on AVX512-VNNI: the weight gradient (this comment), and the forward convolution
+ * (further down; the input gradient runs it as a sub-pixel convolution).
+ *
+ * Weight gradient: dW = sum over (n, oh, ow) of g * x.
  *
  * Why native: the weight gradient is a GEMM with a huge reduction (every output pixel of the
  * batch) and a small result (Co x Ci*KH*KW).  Library GEMMs see it either as KH*KW skinny GEMMs
@@ -395,4 +398,286 @@ int inttrain_wgrad_f32(const float *gf, const int64_t *gs, const float *gscale, 
     base.sr = sr, base.seed = (uint32_t)seed;
     base.x = x, base.gp = gp, base.xph = xph, base.out = out;
     return run_wgrad(base, gs, xs, dims, threads);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Int8 convolution forward (also the input gradient: kernels/conv.py runs it as a stride-1 sub-pixel
+ * convolution), implicit GEMM on AVX512-VNNI, exact:
+ *
+ *   y[m][co] = scale[co] * (sum_{tap, ci} xu8[pixel(m) + tap][ci] * w[co][ci][tap] - 128 * wsum[co])
+ *
+ * Why native: oneDNN's int8 convolution needs its weights reordered by qconv_prepack, single-threaded and
+ * ~8 ns per weight element, on every call -- and training changes the weights every step (41 prepacks per
+ * ResNet-20 step: ~9 ms of ~125).  Here the weights are packed in the same call in microseconds.
+ *
+ * m runs over the flattened output pixels (n, oh, ow); x is read from a copy padded with 128 (= code 0),
+ * so every tap of every pixel is an in-bounds load at base(m) + offset(tap) and the 128 correction is the
+ * same for all pixels.  A register tile holds P pixels x V*16 output channels; each step broadcasts 4
+ * consecutive input-channel bytes of one pixel and multiplies them by 4 x 16 packed weights (vpdpbusd).
+ *
+ * Layouts: xp uint8 [N][Hp][Wp][Ci] (channels-last, padded; Ci % 4 == 0); wp int8 [CoT][KH*KW][Ci/4][16][4];
+ * out float32 [N*Ho*Wo][Co] (channels-last), each value the float32 rounding of sum * (x_scale * w_scale) in
+ * double, as the int64 reference computes it.  |x * w| <= 255 * 128, so int32 lanes hold reductions of up
+ * to 65793 terms (the caller checks Ci*KH*KW).
+ */
+
+typedef struct {
+    const uint8_t *xp;
+    const int8_t *wp;
+    const int32_t *corr; /* [CoT*16]: 128 * wsum */
+    const double *scale; /* [CoT*16]: x_scale * w_scale[co] in double */
+    float *out;
+    int64_t total, co, ci4, taps, kw, hp, wp_w, ho, wo, sh, sw, dh, dw, ci;
+} fwd_job;
+
+#define FWD_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+#define FWD_TILE(NAME, V, P)                                                                                     \
+    FWD_TARGET static void NAME(const fwd_job *j, int64_t m0, int64_t cot0) {                                 \
+        const uint8_t *base[P];                                                                                  \
+        const int64_t plane = j->ho * j->wo;                                                                     \
+        for (int p = 0; p < (P); ++p) {                                                                          \
+            const int64_t m = m0 + p < j->total ? m0 + p : j->total - 1; /* past the end: recompute the last */ \
+            const int64_t img = m / plane, r = m % plane, oh = r / j->wo, ow = r % j->wo;                        \
+            base[p] = j->xp + ((img * j->hp + oh * j->sh) * j->wp_w + ow * j->sw) * j->ci;                       \
+        }                                                                                                        \
+        __m512i acc[V][P];                                                                                       \
+        for (int v = 0; v < (V); ++v)                                                                            \
+            for (int p = 0; p < (P); ++p) acc[v][p] = _mm512_setzero_si512();                                    \
+        const int64_t cot_stride = j->taps * j->ci4 * 64;                                                        \
+        for (int64_t t = 0; t < j->taps; ++t) {                                                                  \
+            const int64_t off = ((t / j->kw) * j->dh * j->wp_w + (t % j->kw) * j->dw) * j->ci;                   \
+            const int8_t *wt = j->wp + cot0 * cot_stride + t * j->ci4 * 64;                                      \
+            for (int64_t c = 0; c < j->ci4; ++c) {                                                               \
+                __m512i w[V];                                                                                    \
+                for (int v = 0; v < (V); ++v) w[v] = _mm512_loadu_si512((const void *)(wt + v * cot_stride + 64 * c)); \
+                for (int p = 0; p < (P); ++p) {                                                                  \
+                    int32_t four;                                                                                \
+                    memcpy(&four, base[p] + off + 4 * c, 4);                                                     \
+                    const __m512i xb = _mm512_set1_epi32(four);                                                  \
+                    for (int v = 0; v < (V); ++v) acc[v][p] = _mm512_dpbusd_epi32(acc[v][p], xb, w[v]);          \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int v = 0; v < (V); ++v) {                                                                          \
+            const int64_t c0 = 16 * (cot0 + v);                                                                  \
+            const int64_t live = j->co - c0 < 16 ? j->co - c0 : 16;                                              \
+            const __mmask16 mask = (__mmask16)((1u << live) - 1u);                                               \
+            const __m512i corr = _mm512_loadu_si512((const void *)(j->corr + c0));                               \
+            const __m512d lo_sc = _mm512_loadu_pd(j->scale + c0), hi_sc = _mm512_loadu_pd(j->scale + c0 + 8);    \
+            for (int p = 0; p < (P) && m0 + p < j->total; ++p) {                                                 \
+                const __m512i s = _mm512_sub_epi32(acc[v][p], corr);                                             \
+                const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(s)), lo_sc)); \
+                const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(s, 1)), hi_sc)); \
+                const __m512 f = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);                          \
+                _mm512_mask_storeu_ps(j->out + (m0 + p) * j->co + c0, mask, f);                                  \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+
+FWD_TILE(fwd_tile_v1, 1, 16)
+FWD_TILE(fwd_tile_v2, 2, 12)
+FWD_TILE(fwd_tile_v4, 4, 6)
+
+/* Row width (dwords) of the lane kernel's repacked input: the padded row, and the last 16-pixel block's reach. */
+int64_t inttrain_conv_lane_width(int64_t w, int64_t pad_w, int64_t wo, int64_t kw, int64_t dil_w) {
+    const int64_t padded = w + 2 * pad_w, reach = 16 * ((wo + 15) / 16) + dil_w * (kw - 1);
+    return padded > reach ? padded : reach;
+}
+
+/* Few output channels (Co <= 16), stride 1: the tile above would broadcast every input byte quad for a single
+ * multiply (load-bound).  Here the lanes are 16 consecutive output pixels of a row instead: one load of 16
+ * pixels x 4 channels feeds 16 multiplies, one per output channel, each with its 4 weight bytes broadcast from
+ * memory.  x is repacked to xt int32 [N][Hp][Ci/4][Wt] (4 channel bytes of a padded pixel per dword, padding
+ * 0x80808080), so each tap of a row of pixels is one unaligned 64-byte load; the 16 x 16 result is transposed
+ * back to channels-last in registers. */
+
+typedef struct {
+    const int32_t *xt;
+    const int32_t *wb;  /* [taps][Ci/4][16]: w[co][4 c4 .. 4 c4 + 3][tap], zero past Co */
+    const int32_t *corr;
+    const double *scale;
+    float *out;
+    int64_t n, co, ci4, taps, kw, hp, wt, ho, wo, dh, dw, blocks; /* blocks: ceil(Wo / 16) */
+} lane_job;
+
+FWD_TARGET static inline void transpose16x16_ps(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int k = 0; k < 8; ++k) {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int m = 0; m < 4; ++m) { /* u[4m + c], lane L: column 4L + c of rows 4m .. 4m + 3 */
+        u[4 * m] = _mm512_shuffle_ps(t[4 * m], t[4 * m + 2], 0x44);
+        u[4 * m + 1] = _mm512_shuffle_ps(t[4 * m], t[4 * m + 2], 0xEE);
+        u[4 * m + 2] = _mm512_shuffle_ps(t[4 * m + 1], t[4 * m + 3], 0x44);
+        u[4 * m + 3] = _mm512_shuffle_ps(t[4 * m + 1], t[4 * m + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) { /* a 4 x 4 transpose of 128-bit lanes among u[c], u[4 + c], u[8 + c], u[12 + c] */
+        const __m512 p = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), q = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+        const __m512 rr = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        const __m512 s = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(p, rr, 0x88), r[4 + c] = _mm512_shuffle_f32x4(q, s, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(p, rr, 0xDD), r[12 + c] = _mm512_shuffle_f32x4(q, s, 0xDD);
+    }
+}
+
+FWD_TARGET static void lane_tile(const lane_job *j, int64_t row, int64_t block) {
+    const int64_t img = row / j->ho, oh = row % j->ho, ow0 = 16 * block;
+    __m512i acc[16];
+    for (int c = 0; c < 16; ++c) acc[c] = _mm512_setzero_si512();
+    for (int64_t t = 0; t < j->taps; ++t) {
+        const int32_t *src = j->xt + ((img * j->hp + oh + (t / j->kw) * j->dh) * j->ci4) * j->wt + ow0 + (t % j->kw) * j->dw;
+        const int32_t *wv = j->wb + t * j->ci4 * 16;
+        for (int64_t c4 = 0; c4 < j->ci4; ++c4, src += j->wt, wv += 16) {
+            const __m512i xv = _mm512_loadu_si512((const void *)src);
+            for (int c = 0; c < 16; ++c) acc[c] = _mm512_dpbusd_epi32(acc[c], xv, _mm512_set1_epi32(wv[c]));
+        }
+    }
+    __m512 f[16];
+    for (int c = 0; c < 16; ++c) {
+        const __m512i s = _mm512_sub_epi32(acc[c], _mm512_set1_epi32(j->corr[c]));
+        const __m512d sc = _mm512_set1_pd(j->scale[c]);
+        const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(s)), sc));
+        const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(s, 1)), sc));
+        f[c] = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+    }
+    transpose16x16_ps(f); /* f[p]: the 16 channels of pixel ow0 + p */
+    const __mmask16 mask = (__mmask16)((1u << j->co) - 1u);
+    float *dst = j->out + (row * j->wo + ow0) * j->co;
+    for (int64_t p = 0; p < 16 && ow0 + p < j->wo; ++p) _mm512_mask_storeu_ps(dst + p * j->co, mask, f[p]);
+}
+
+/* One channels-last row of wd pixels -> dst[c4][xc] (row stride wt): a 16-pixel gather per channel quad. */
+FWD_TARGET static void repack_row(const uint8_t *src, int64_t wd, int64_t ci4, int32_t *dst, int64_t wt) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i fill = _mm512_set1_epi32((int32_t)0x80808080u);
+    for (int64_t xc0 = 0; xc0 < wd; xc0 += 16) {
+        const int64_t live = wd - xc0 < 16 ? wd - xc0 : 16;
+        const __mmask16 mask = (__mmask16)((1u << live) - 1u);
+        const __m512i idx = _mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32((int32_t)xc0), lane),
+                                               _mm512_set1_epi32((int32_t)ci4));
+        for (int64_t c4 = 0; c4 < ci4; ++c4) {
+            const __m512i v = _mm512_mask_i32gather_epi32(fill, mask, _mm512_add_epi32(idx, _mm512_set1_epi32((int32_t)c4)),
+                                                          (const void *)src, 4);
+            _mm512_mask_storeu_epi32(dst + c4 * wt + xc0, mask, v);
+        }
+    }
+}
+
+static int conv_fwd_lanes(const uint8_t *x, const int8_t *w, const double *scale, const int64_t *dims, int32_t *xt,
+                          float *out, int64_t threads) {
+    const int64_t n = dims[0], ci = dims[1], h = dims[2], wd = dims[3], co = dims[4], kh = dims[5], kw = dims[6];
+    const int64_t ho = dims[7], wo = dims[8], ph = dims[9], pw = dims[10], dh = dims[13], dw = dims[14];
+    const int64_t ci4 = ci / 4, taps = kh * kw, hp = h + 2 * ph, blocks = (wo + 15) / 16;
+    const int64_t wt = inttrain_conv_lane_width(wd, pw, wo, kw, dw);
+    int32_t *wb = calloc((size_t)(taps * ci4 * 16), sizeof(int32_t)), *corr = calloc(16, sizeof(int32_t));
+    double *sc = calloc(16, sizeof(double));
+    if (!wb || !corr || !sc) {
+        free(wb), free(corr), free(sc);
+        return 2;
+    }
+    for (int64_t o = 0; o < co; ++o) {
+        int32_t sum = 0;
+        for (int64_t c = 0; c < ci; ++c)
+            for (int64_t t = 0; t < taps; ++t) {
+                const int8_t v = w[(o * ci + c) * taps + t];
+                sum += v;
+                ((int8_t *)(wb + (t * ci4 + c / 4) * 16 + o))[c % 4] = v;
+            }
+        corr[o] = 128 * sum, sc[o] = scale[o];
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads((int)threads) schedule(static)
+#endif
+    for (int64_t r = 0; r < n * hp; ++r) { /* repack: padded pixel (y, xc) channels 4 c4 .. -> xt[r][c4][xc] */
+        const int64_t img = r / hp, y = r % hp - ph;
+        int32_t *dst = xt + r * ci4 * wt;
+        for (int64_t i = 0; i < ci4 * wt; ++i) dst[i] = (int32_t)0x80808080u;
+        if (y < 0 || y >= h) continue;
+        repack_row(x + (img * h + y) * wd * ci, wd, ci4, dst + pw, wt);
+    }
+    lane_job job = {xt, wb, corr, sc, out, n, co, ci4, taps, kw, hp, wt, ho, wo, dh, dw, blocks};
+#ifdef _OPENMP
+#pragma omp parallel for num_threads((int)threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < n * ho * blocks; ++t) lane_tile(&job, t / blocks, t % blocks);
+    free(wb), free(corr), free(sc);
+    return 0;
+}
+
+/* dims: N, Ci, H, W, Co, KH, KW, Ho, Wo, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w.
+ * x: uint8 q + 128, channels-last [N][H][W][Ci], Ci % 4 == 0; w: int8 [Co][Ci][KH][KW] contiguous;
+ * w_scale: Co values, or one (w_per_channel = 0); out: float32 [N][Ho][Wo][Co].
+ * xp: scratch of N * (H + 2 pad_h) * (W + 2 pad_w) * Ci bytes (unused when there is no padding); for Co <= 16 at
+ * stride 1, of N * (H + 2 pad_h) * Ci * inttrain_conv_lane_width(...) bytes, always used.
+ * Returns 0 on success, 1 when the CPU lacks AVX512-VNNI, 2 when out of memory, 3 on unsupported sizes. */
+int inttrain_conv_fwd_u8s8(const uint8_t *x, const int8_t *w, float x_scale, const float *w_scale,
+                           int64_t w_per_channel, const int64_t *dims, uint8_t *xp, float *out, int64_t threads) {
+    if (!inttrain_has_vnni()) return 1;
+    const int64_t n = dims[0], ci = dims[1], h = dims[2], wd = dims[3], co = dims[4], kh = dims[5], kw = dims[6];
+    const int64_t ho = dims[7], wo = dims[8], ph = dims[9], pw = dims[10];
+    if (ci % 4 != 0 || ci * kh * kw > 65793 || co < 1) return 3;
+    if (co <= 16 && dims[11] == 1 && dims[12] == 1) { /* few channels: pixels in the lanes */
+        double sc[16];
+        for (int64_t o = 0; o < co; ++o) sc[o] = (double)x_scale * (double)w_scale[w_per_channel ? o : 0];
+        return conv_fwd_lanes(x, w, sc, dims, (int32_t *)(void *)xp, out, threads < 1 ? 1 : threads);
+    }
+    const int64_t hp = h + 2 * ph, wpw = wd + 2 * pw, ci4 = ci / 4, taps = kh * kw, cot = (co + 15) / 16;
+    int8_t *wp = calloc((size_t)(cot * taps * ci4 * 64), 1);
+    int32_t *corr = calloc((size_t)(cot * 16), sizeof(int32_t));
+    double *scale = calloc((size_t)(cot * 16), sizeof(double));
+    if (!wp || !corr || !scale) {
+        free(wp), free(corr), free(scale);
+        return 2;
+    }
+    /* pack the weights: wp[t16][tap][c4][lane][k] = w[16 t16 + lane][4 c4 + k][tap] */
+    for (int64_t o = 0; o < co; ++o) {
+        int32_t sum = 0;
+        for (int64_t c = 0; c < ci; ++c)
+            for (int64_t t = 0; t < taps; ++t) {
+                const int8_t v = w[(o * ci + c) * taps + t];
+                sum += v;
+                wp[(((o / 16) * taps + t) * ci4 + c / 4) * 64 + (o % 16) * 4 + c % 4] = v;
+            }
+        corr[o] = 128 * sum;
+        scale[o] = (double)x_scale * (double)w_scale[w_per_channel ? o : 0]; /* as the int64 reference */
+    }
+    const uint8_t *src = x;
+    if (ph || pw) { /* the padded copy: borders 128, rows copied */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads((int)(threads < 1 ? 1 : threads)) schedule(static)
+#endif
+        for (int64_t r = 0; r < n * hp; ++r) {
+            const int64_t img = r / hp, y = r % hp - ph;
+            uint8_t *dst = xp + r * wpw * ci;
+            if (y < 0 || y >= h) {
+                memset(dst, 128, (size_t)(wpw * ci));
+                continue;
+            }
+            memset(dst, 128, (size_t)(pw * ci));
+            memcpy(dst + pw * ci, x + (img * h + y) * wd * ci, (size_t)(wd * ci));
+            memset(dst + (pw + wd) * ci, 128, (size_t)(pw * ci));
+        }
+        src = xp;
+    }
+    fwd_job job = {src, wp, corr, scale, out, n * ho * wo, co, ci4, taps, kw, hp, wpw, ho, wo,
+                   dims[11], dims[12], dims[13], dims[14], ci};
+    const int64_t vecs = co % 64 == 0 ? 4 : co % 32 == 0 ? 2 : 1, pix = vecs == 4 ? 6 : vecs == 2 ? 12 : 16;
+    const int64_t mtiles = (job.total + pix - 1) / pix, ctiles = cot / vecs + (cot % vecs != 0);
+    const int64_t tiles = mtiles * ctiles;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads((int)(threads < 1 ? 1 : threads)) schedule(static)
+#endif
+    for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t m0 = (t / ctiles) * pix, c0 = (t % ctiles) * vecs;
+        if (vecs == 4)
+            fwd_tile_v4(&job, m0, c0);
+        else if (vecs == 2)
+            fwd_tile_v2(&job, m0, c0);
+        else
+            fwd_tile_v1(&job, m0, c0);
+    }
+    free(wp), free(corr), free(scale);
+    return 0;
 }
