@@ -565,28 +565,12 @@ FWD_TARGET static void repack_row(const uint8_t *src, int64_t wd, int64_t ci4, i
     }
 }
 
-static int conv_fwd_lanes(const uint8_t *x, const int8_t *w, const double *scale, const int64_t *dims, int32_t *xt,
-                          float *out, int64_t threads) {
+static void conv_fwd_lanes(const uint8_t *x, const int8_t *wp, const int32_t *corr, const double *scale,
+                           const int64_t *dims, int32_t *xt, float *out, int64_t threads) {
     const int64_t n = dims[0], ci = dims[1], h = dims[2], wd = dims[3], co = dims[4], kh = dims[5], kw = dims[6];
     const int64_t ho = dims[7], wo = dims[8], ph = dims[9], pw = dims[10], dh = dims[13], dw = dims[14];
     const int64_t ci4 = ci / 4, taps = kh * kw, hp = h + 2 * ph, blocks = (wo + 15) / 16;
     const int64_t wt = inttrain_conv_lane_width(wd, pw, wo, kw, dw);
-    int32_t *wb = calloc((size_t)(taps * ci4 * 16), sizeof(int32_t)), *corr = calloc(16, sizeof(int32_t));
-    double *sc = calloc(16, sizeof(double));
-    if (!wb || !corr || !sc) {
-        free(wb), free(corr), free(sc);
-        return 2;
-    }
-    for (int64_t o = 0; o < co; ++o) {
-        int32_t sum = 0;
-        for (int64_t c = 0; c < ci; ++c)
-            for (int64_t t = 0; t < taps; ++t) {
-                const int8_t v = w[(o * ci + c) * taps + t];
-                sum += v;
-                ((int8_t *)(wb + (t * ci4 + c / 4) * 16 + o))[c % 4] = v;
-            }
-        corr[o] = 128 * sum, sc[o] = scale[o];
-    }
 #ifdef _OPENMP
 #pragma omp parallel for num_threads((int)threads) schedule(static)
 #endif
@@ -597,13 +581,12 @@ static int conv_fwd_lanes(const uint8_t *x, const int8_t *w, const double *scale
         if (y < 0 || y >= h) continue;
         repack_row(x + (img * h + y) * wd * ci, wd, ci4, dst + pw, wt);
     }
-    lane_job job = {xt, wb, corr, sc, out, n, co, ci4, taps, kw, hp, wt, ho, wo, dh, dw, blocks};
+    lane_job job = {xt, (const int32_t *)(const void *)wp, corr, scale, out, n, co, ci4, taps, kw, hp, wt, ho, wo,
+                    dh, dw, blocks};
 #ifdef _OPENMP
 #pragma omp parallel for num_threads((int)threads) schedule(static)
 #endif
     for (int64_t t = 0; t < n * ho * blocks; ++t) lane_tile(&job, t / blocks, t % blocks);
-    free(wb), free(corr), free(sc);
-    return 0;
 }
 
 /* dims: N, Ci, H, W, Co, KH, KW, Ho, Wo, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w.
@@ -618,11 +601,6 @@ int inttrain_conv_fwd_u8s8(const uint8_t *x, const int8_t *w, float x_scale, con
     const int64_t n = dims[0], ci = dims[1], h = dims[2], wd = dims[3], co = dims[4], kh = dims[5], kw = dims[6];
     const int64_t ho = dims[7], wo = dims[8], ph = dims[9], pw = dims[10];
     if (ci % 4 != 0 || ci * kh * kw > 65793 || co < 1) return 3;
-    if (co <= 16 && dims[11] == 1 && dims[12] == 1) { /* few channels: pixels in the lanes */
-        double sc[16];
-        for (int64_t o = 0; o < co; ++o) sc[o] = (double)x_scale * (double)w_scale[w_per_channel ? o : 0];
-        return conv_fwd_lanes(x, w, sc, dims, (int32_t *)(void *)xp, out, threads < 1 ? 1 : threads);
-    }
     const int64_t hp = h + 2 * ph, wpw = wd + 2 * pw, ci4 = ci / 4, taps = kh * kw, cot = (co + 15) / 16;
     int8_t *wp = calloc((size_t)(cot * taps * ci4 * 64), 1);
     int32_t *corr = calloc((size_t)(cot * 16), sizeof(int32_t));
@@ -631,7 +609,8 @@ int inttrain_conv_fwd_u8s8(const uint8_t *x, const int8_t *w, float x_scale, con
         free(wp), free(corr), free(scale);
         return 2;
     }
-    /* pack the weights: wp[t16][tap][c4][lane][k] = w[16 t16 + lane][4 c4 + k][tap] */
+    /* pack the weights: wp[t16][tap][c4][lane][k] = w[16 t16 + lane][4 c4 + k][tap] (for Co <= 16 this is the lane
+       kernel's [tap][c4][co] dwords too) */
     for (int64_t o = 0; o < co; ++o) {
         int32_t sum = 0;
         for (int64_t c = 0; c < ci; ++c)
@@ -642,6 +621,11 @@ int inttrain_conv_fwd_u8s8(const uint8_t *x, const int8_t *w, float x_scale, con
             }
         corr[o] = 128 * sum;
         scale[o] = (double)x_scale * (double)w_scale[w_per_channel ? o : 0]; /* as the int64 reference */
+    }
+    if (co <= 16 && dims[11] == 1 && dims[12] == 1) { /* few channels: pixels in the lanes */
+        conv_fwd_lanes(x, wp, corr, scale, dims, (int32_t *)(void *)xp, out, threads < 1 ? 1 : threads);
+        free(wp), free(corr), free(scale);
+        return 0;
     }
     const uint8_t *src = x;
     if (ph || pw) { /* the padded copy: borders 128, rows copied */
