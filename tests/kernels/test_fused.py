@@ -59,3 +59,13 @@ def test_epilogue(compiled):
     ref = acc.float() * sa * sb + bias
     assert torch.allclose(fused.dequant_epilogue(acc, sa, sb, bias), ref, rtol=1e-6, atol=1e-6)
     assert torch.allclose(fused.dequant_epilogue(acc, sa, sb), acc.float() * sa * sb, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 96, 131072])
+def test_column_reductions_in_row_groups(rows: int) -> None:
+    """The grouped column reductions (parallel when compiled) give amax(0) exactly and sum(0) to rounding."""
+    from inttrain.kernels.fused import column_amax, column_sum
+
+    x = torch.randn(rows, 16, generator=torch.Generator().manual_seed(rows))
+    assert torch.equal(column_amax(x), x.amax(0, keepdim=True))
+    torch.testing.assert_close(column_sum(x), x.sum(0), rtol=1e-5, atol=1e-4)

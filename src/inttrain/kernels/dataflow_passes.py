@@ -20,7 +20,7 @@ import torch
 
 from ..numerics.quantize import round_and_clamp, scale_from_amax
 from ..spec import IntFormat, Rounding
-from .fused import _run
+from .fused import _run, column_sum
 
 __all__ = [
     "dequantize_rows", "relu_grad", "batch_norm_forward_rows", "batch_norm_backward_rows", "relu_quantize_rows",
@@ -59,8 +59,9 @@ def relu_grad(codes: torch.Tensor, g: torch.Tensor, signed: bool = False) -> tor
 
 def _bn_forward_impl(codes, scale, weight, bias, eps: float):
     x = (codes.to(torch.float32) - _ZP) * scale
-    mean = x.mean(0)
-    var = (x - mean).square().mean(0)
+    m = x.shape[0]
+    mean = column_sum(x) / m
+    var = column_sum((x - mean).square()) / m
     invstd = torch.rsqrt(var + eps)
     y = (x - mean) * (invstd * weight) + bias
     return y, mean, var, invstd
@@ -74,8 +75,8 @@ def batch_norm_forward_rows(codes, scale, weight, bias, eps: float):
 def _bn_backward_impl(codes, scale, g, mean, invstd, weight):
     xhat = ((codes.to(torch.float32) - _ZP) * scale - mean) * invstd
     m = g.shape[0]
-    db = g.sum(0)
-    dw = (g * xhat).sum(0)
+    db = column_sum(g)
+    dw = column_sum(g * xhat)
     dx = (weight * invstd) * (g - db / m - xhat * (dw / m))
     return dx, dw, db
 

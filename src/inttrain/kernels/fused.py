@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import types
 from typing import Callable
@@ -68,9 +69,32 @@ def compile_enabled() -> bool:
     return FUSION.enabled()
 
 
+def _row_groups(rows: int) -> int:
+    # Inductor's CPU loops run a reduction in parallel over its kept axis only: reducing a tall [rows, C] matrix
+    # with C <= 16 down its rows is one thread's work (measured: a dataflow BatchNorm's statistics, 3.3 ms per
+    # 128x16x32x32 call at either thread count).  Reducing [groups, rows / groups, C] over its middle axis first
+    # gives that loop `groups` iterations to share out.
+    return math.gcd(rows, 64)
+
+
+def column_amax(x: torch.Tensor) -> torch.Tensor:
+    """``x.amax(0, keepdim=True)`` of a 2-D tensor, in row groups that compiled code reduces in parallel."""
+    groups = _row_groups(x.shape[0])
+    return x.reshape(groups, -1, x.shape[1]).amax(1).amax(0, keepdim=True)
+
+
+def column_sum(x: torch.Tensor) -> torch.Tensor:
+    """``x.sum(0)`` of a 2-D tensor, in row groups that compiled code reduces in parallel (the summation
+    order differs from ``sum(0)``'s: the last bits may too)."""
+    groups = _row_groups(x.shape[0])
+    return x.reshape(groups, -1, x.shape[1]).sum(1).sum(0)
+
+
 def _matrix_scale_impl(x: torch.Tensor, spec: QuantSpec, kept_axis: int) -> torch.Tensor:
     x = x.to(torch.float32)
-    if isinstance(spec.granularity, PerChannel):
+    if isinstance(spec.granularity, PerChannel) and kept_axis == 1 and x.shape[0] > 0:
+        amax = column_amax(x.abs())
+    elif isinstance(spec.granularity, PerChannel):
         amax = x.abs().amax(dim=1 - kept_axis, keepdim=True)
     else:
         amax = x.abs().amax().reshape(1, 1)
