@@ -19,7 +19,7 @@ SRC = Path(inttrain.__file__).parent
 
 #: Bottom to top. ``inttrain`` is the package root (``inttrain.prepare_`` & co., lazily re-exported).
 LAYERS: tuple[frozenset[str], ...] = tuple(map(frozenset, (
-    {"spec", "report", "models"},
+    {"spec", "report", "models", "oplib"},
     {"numerics", "schedules", "micro", "data"},
     {"kernels"},
     {"autograd", "integer_only"},
