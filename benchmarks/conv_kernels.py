@@ -7,7 +7,9 @@ Each cell is the minimum over ``--reps`` timed calls after warm-up, and over
 a shared machine: other processes only ever add time).  Float baselines use
 ``aten.convolution_backward`` with an output mask, so forward, input gradient and
 weight gradient are timed separately, like the int8 kernels.  "ratio" is the fp32
-channels_last time divided by the int8 time (> 1: int8 is faster).
+channels_last time divided by the int8 time (> 1: int8 is faster).  The "int8 onednn" row runs the same
+kernels with the native forward / input-gradient convolution switched off (oneDNN's int8 convolution, with the
+weight prepack it needs on every call), the comparison behind the native kernel (kernels/native/conv.c).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from inttrain.kernels import conv as K
+from inttrain.kernels import native
+from inttrain.kernels.workspace import keep_freed_memory
+from speed import cpu_flags, cpu_model  # benchmarks/speed.py: the same CPU description as the speed table
 
 # (Cin, Cout, input size, stride): the 3x3 convs of a CIFAR ResNet-20.
 LAYERS = [(16, 16, 32, 1), (32, 32, 16, 1), (64, 64, 8, 1), (16, 32, 32, 2), (32, 64, 16, 2)]
@@ -46,6 +51,20 @@ def _float_fns(x: torch.Tensor, w: torch.Tensor, stride: int) -> dict[str, Calla
         "dgrad": lambda: bwd(*args, [True, False, False]),
         "wgrad": lambda: bwd(*args, [False, True, False]),
     }
+
+
+def _onednn(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with the native convolution switched off: the int8 kernels take oneDNN's path."""
+
+    def run() -> object:
+        supported = native.conv_forward_supported
+        native.conv_forward_supported = lambda *args: False
+        try:
+            return fn()
+        finally:
+            native.conv_forward_supported = supported
+
+    return run
 
 
 def _int8_fns(n: int, cin: int, cout: int, hw: int, stride: int) -> dict[str, Callable[[], object]]:
@@ -83,6 +102,7 @@ def measure_layer(n: int, cin: int, cout: int, hw: int, stride: int, reps: int) 
         "bf16 cl": _float_fns(x.bfloat16().contiguous(memory_format=torch.channels_last), w.bfloat16(), stride),
         "int8": _int8_fns(n, cin, cout, hw, stride),
     }
+    rows["int8 onednn"] = {k: _onednn(f) for k, f in rows["int8"].items()}
     return {name: {k: _time(f, reps) for k, f in fns.items()} for name, fns in rows.items()}
 
 
@@ -104,7 +124,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    keep_freed_memory()  # as benchmarks/speed.py and the CLI do: no page faults on fresh outputs
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_model()} ({cpu_flags()})")
     best: dict[tuple, dict[str, dict[str, float]]] = {}
     for _ in range(args.rounds):
         for layer in LAYERS:
