@@ -342,12 +342,15 @@ def phases_to_input_grad(y: Tensor, input_shape: tuple, g_shape: tuple, w_shape:
     the residual sum), so a strided convolution's input gradient is never copied on its own -- that copy cost
     ~2.3 ms per ResNet-20 stage-1 downsampling layer at batch 128.
     """
+    ay, ax = _dgrad_plan(tuple(input_shape[2:]), tuple(g_shape[2:]), tuple(w_shape[2:]), geom)
+    return _depth_to_space(y, input_shape, geom.groups, ay, ax)
+
+
+def _depth_to_space(y: Tensor, input_shape: tuple, groups: int, ay: _SubPixelAxis, ax: _SubPixelAxis) -> Tensor:
     n, cin, h, w = (int(v) for v in input_shape)
-    ay, ax = _dgrad_plan((h, w), tuple(g_shape[2:]), tuple(w_shape[2:]), geom)
     sy, sx = ay.phases, ax.phases
     if sy == 1 and sx == 1 and y.shape[2] == h and y.shape[3] == w:
         return y
-    groups = geom.groups
     src = y.permute(0, 2, 3, 1).reshape(n, ay.out_len, ax.out_len, groups, sy, sx, cin // groups)
     full = src.permute(0, 1, 4, 2, 5, 3, 6).reshape(n, ay.out_len * sy, ax.out_len * sx, cin)
     return full[:, :h, :w].permute(0, 3, 1, 2)
@@ -371,9 +374,8 @@ def conv2d_input_grad_u8(
     count("conv_dgrad")
     if not _on_cpu(gu8, wq):
         return conv_generic.conv2d_input_grad(gu8, g_scale, wq, w_scale, input_shape, geom)
-    y = _input_grad_phases(gu8, g_scale, wq, w_scale, input_shape, geom)
-    dx = phases_to_input_grad(y, input_shape, gu8.shape, wq.shape, geom)
-    return dx.contiguous(memory_format=torch.channels_last)
+    y, (ay, ax) = _input_grad_phases(gu8, g_scale, wq, w_scale, input_shape, geom)
+    return _depth_to_space(y, input_shape, geom.groups, ay, ax).contiguous(memory_format=torch.channels_last)
 
 
 def conv2d_input_grad_phases_u8(
@@ -382,24 +384,25 @@ def conv2d_input_grad_phases_u8(
     """:func:`conv2d_input_grad_u8` before its depth-to-space (CPU only): the sub-pixel convolution's output,
     float32 channels_last, shape :func:`input_grad_phases_shape`; :func:`phases_to_input_grad` finishes it."""
     count("conv_dgrad")
-    return _input_grad_phases(gu8, g_scale, wq, w_scale, input_shape, geom)
+    return _input_grad_phases(gu8, g_scale, wq, w_scale, input_shape, geom)[0]
 
 
 def _input_grad_phases(
     gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple, geom: ConvGeometry
-) -> Tensor:
+) -> tuple[Tensor, tuple[_SubPixelAxis, _SubPixelAxis]]:
+    """The sub-pixel convolution's output, and the plan it was made with (for the depth-to-space)."""
     n, cin, h, w = (int(v) for v in input_shape)
-    ay, ax = _dgrad_plan((h, w), tuple(gu8.shape[2:]), tuple(wq.shape[2:]), geom)
+    ay, ax = plan = _dgrad_plan((h, w), tuple(gu8.shape[2:]), tuple(wq.shape[2:]), geom)
     if n == 0:
         return torch.empty((0, cin * ay.phases * ax.phases, ay.out_len, ax.out_len), dtype=torch.float32,
-                           memory_format=torch.channels_last)
+                           memory_format=torch.channels_last), plan
     w_sub = _sub_pixel_weight(wq, geom.groups, ay, ax)
     # Output channel (group, ry, rx, ci) carries the scale of input channel ci.
     sh, sw = geom.stride
     ws = _scale_vector(w_scale, cin).view(geom.groups, 1, 1, cin // geom.groups)
     ws = ws.expand(geom.groups, sh, sw, cin // geom.groups).reshape(-1).contiguous()
     g_in, padding = _pad_shifted(_channels_last_u8(gu8), ay, ax)
-    return _qconv_exact(g_in, _scalar(g_scale), w_sub, ws, [1, 1], padding, [ay.step, ax.step], geom.groups)
+    return _qconv_exact(g_in, _scalar(g_scale), w_sub, ws, [1, 1], padding, [ay.step, ax.step], geom.groups), plan
 
 
 # ----------------------------------------------------------------- weight gradient

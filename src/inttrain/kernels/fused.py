@@ -74,7 +74,7 @@ def _row_groups(rows: int) -> int:
     # with C <= 16 down its rows is one thread's work (measured: a dataflow BatchNorm's statistics, 3.3 ms per
     # 128x16x32x32 call at either thread count).  Reducing [groups, rows / groups, C] over its middle axis first
     # gives that loop `groups` iterations to share out.
-    return math.gcd(rows, 64)
+    return math.gcd(rows, 64) if rows else 1  # no rows: one empty group, as sum(0) / amax(0) see it
 
 
 def column_amax(x: torch.Tensor) -> torch.Tensor:
@@ -92,10 +92,8 @@ def column_sum(x: torch.Tensor) -> torch.Tensor:
 
 def _matrix_scale_impl(x: torch.Tensor, spec: QuantSpec, kept_axis: int) -> torch.Tensor:
     x = x.to(torch.float32)
-    if isinstance(spec.granularity, PerChannel) and kept_axis == 1 and x.shape[0] > 0:
-        amax = column_amax(x.abs())
-    elif isinstance(spec.granularity, PerChannel):
-        amax = x.abs().amax(dim=1 - kept_axis, keepdim=True)
+    if isinstance(spec.granularity, PerChannel):  # one scale per column (kept_axis 1) or per row (0)
+        amax = column_amax(x.abs()) if kept_axis == 1 else x.abs().amax(dim=1, keepdim=True)
     else:
         amax = x.abs().amax().reshape(1, 1)
     if spec.fixed_amax is not None:

@@ -498,7 +498,7 @@ typedef struct {
     const int32_t *corr;
     const double *scale;
     float *out;
-    int64_t n, co, ci4, taps, kw, hp, wt, ho, wo, dh, dw, blocks; /* blocks: ceil(Wo / 16) */
+    int64_t co, ci4, taps, kw, hp, wt, ho, wo, dh, dw;
 } lane_job;
 
 FWD_TARGET static inline void transpose16x16_ps(__m512 r[16]) {
@@ -581,8 +581,7 @@ static void conv_fwd_lanes(const uint8_t *x, const int8_t *wp, const int32_t *co
         if (y < 0 || y >= h) continue;
         repack_row(x + (img * h + y) * wd * ci, wd, ci4, dst + pw, wt);
     }
-    lane_job job = {xt, (const int32_t *)(const void *)wp, corr, scale, out, n, co, ci4, taps, kw, hp, wt, ho, wo,
-                    dh, dw, blocks};
+    lane_job job = {xt, (const int32_t *)(const void *)wp, corr, scale, out, co, ci4, taps, kw, hp, wt, ho, wo, dh, dw};
 #ifdef _OPENMP
 #pragma omp parallel for num_threads((int)threads) schedule(static)
 #endif
