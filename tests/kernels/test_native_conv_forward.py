@@ -31,6 +31,12 @@ def _codes(n: int, ci: int, co: int, h: int, w: int, k: int, seed: int):
     return xq, wq
 
 
+def _float_epilogue(sums: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """The kernel's epilogue: float32 sums times the per-channel scale rounded once from double, in float32."""
+    scale = (x_scale.double() * w_scale.double()).float().reshape(1, -1, 1, 1)
+    return sums * scale
+
+
 @needs_native
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 def test_exact_against_the_reference(geometry: tuple) -> None:
@@ -41,10 +47,13 @@ def test_exact_against_the_reference(geometry: tuple) -> None:
     y = native.conv2d_forward_u8s8(xu8, 1.0, wq, ONE, (s, s), (p, p), (d, d))
     assert y.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(y, R.conv2d_forward(xq, ONE, wq, ONE, geom))
-    # real scales: sums * (x_scale * w_scale) in double, rounded once to float32, as the reference does
+    # real scales: float32(sum) * float32(x_scale * w_scale[co]) in float32, bit for bit; within an ulp of the
+    # reference's one rounding in double
     xs, ws = torch.tensor([0.0123]), torch.rand(co, generator=torch.Generator().manual_seed(1)) + 0.01
     got = native.conv2d_forward_u8s8(xu8, float(xs), wq, ws, (s, s), (p, p), (d, d))
-    assert torch.equal(got, R.conv2d_forward(xq, xs, wq, ws, geom))
+    assert torch.equal(got, _float_epilogue(R.conv2d_forward(xq, ONE, wq, ONE, geom), xs, ws))
+    want = R.conv2d_forward(xq, xs, wq, ws, geom)
+    assert torch.all((got - want).abs() <= torch.finfo(torch.float32).eps * want.abs())
 
 
 @needs_native
