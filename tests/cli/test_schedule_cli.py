@@ -6,9 +6,13 @@ import csv
 from pathlib import Path
 
 import pytest
+import torch
+from torch.utils.data import DataLoader
 
 from inttrain.cli.app import main
-from inttrain.schedules import cpt_bits
+from inttrain.cli.load import load_run
+from inttrain.schedules import cpt_bits, set_model_bits
+from inttrain.trainer import evaluate_metrics
 
 from schedule_run_utils import BASE, metric_rows as _rows, resumed_equals_uninterrupted
 
@@ -58,3 +62,21 @@ def test_cost_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cost", "--forward-bits", "12"]) == 0  # convolutions take 9..16 bits too (int16 split)
     assert "12x" in capsys.readouterr().out
     assert main(["cost", "--forward-bits", "17"]) == 2
+
+
+def test_cpt_validates_at_the_top_of_its_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """22 steps in 2 cycles: the epoch ends where the next cycle starts at B_min, yet validation (and ``inttrain
+    eval`` of the saved run) uses B_max, and both agree."""
+    run = tmp_path / "run"
+    assert main([*BASE, "--schedule", "cpt", "--set", "schedule_cycles=2", "--epochs", "1", "--out", str(run)]) == 0
+    epoch = [r for r in _rows(run) if r[0] == "epoch"][-1]
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    assert f"val_acc {epoch[3]:.4f}" in capsys.readouterr().out
+    p, _ = load_run(run)
+    loader = DataLoader(p.splits.val, batch_size=256)
+    at = {}
+    for bits in (3, 8):
+        set_model_bits(p.model, bits, 8)
+        at[bits] = evaluate_metrics(p.model, loader, "int8", torch.device("cpu"))[1]
+    assert epoch[3] == pytest.approx(at[8], abs=1e-9) and at[3] != at[8]

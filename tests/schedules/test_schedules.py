@@ -92,6 +92,21 @@ def test_scheduler_sets_layers_and_resumes_exactly() -> None:
     assert [s2.step() for _ in range(10)] == [sched.step() for _ in range(10)]
 
 
+def test_evaluation_bits_and_restore() -> None:
+    """CPT validates at the top of its cycle, whatever step it is at; the step's bits come back after."""
+    m = _mlp()
+    layers = [l for l in m.modules() if hasattr(l, "precision")]
+    sched = PrecisionScheduler(m, CPT(3, 8, 2, 20))
+    for _ in range(10):  # step 10 starts the second cycle: B_min
+        sched.step(loss=1.0)
+    assert sched.bits == (3, 8)
+    with sched.evaluation() as bits:
+        assert bits == (8, 8) and all(l.precision.forward.lhs.bits == 8 for l in layers)
+    assert all(l.precision.forward.lhs.bits == 3 for l in layers)
+    assert CPT(3, 8, 2, 20, grad_bits=6, grad_min=4).eval_bits(10) == (8, 6)
+    assert Steps([(0, 4), (5, (6, 8))]).eval_bits(7) == (6, 8)  # other schedules: the step's own bits
+
+
 def _sqnr(ref: torch.Tensor, y: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / (ref - y).pow(2).sum()))
 

@@ -147,3 +147,30 @@ def test_consecutive_nan_gradients_name_step_and_layer(digits: DatasetSplits) ->
     with pytest.raises(NonFiniteLossError, match=r"stopped at step 4 \(epoch 1\): non-finite gradient in "
                                                  r"'inner\.features\.3\.weight'"):
         train(_nan_grad_model({3, 4}), digits, epochs=1, log=lambda s: None, max_consecutive_skips=2)
+
+
+def test_validation_runs_inside_the_callbacks_evaluation(digits: DatasetSplits) -> None:
+    """A CPT run whose epoch ends on a cycle boundary (the next step at B_min) validates at B_max."""
+    from contextlib import contextmanager
+
+    import inttrain
+    from inttrain.schedules import CPT, PrecisionScheduler, model_bits
+    from inttrain.trainer import Callback
+
+    class Spy(Callback):
+        seen: list = []
+
+        @contextmanager
+        def evaluation(self, trainer):  # entered after the scheduler's
+            self.seen.append(model_bits(trainer.model))
+            yield
+
+    torch.manual_seed(0)
+    model = inttrain.prepare_(build_model("small-cnn", digits.num_classes, digits.in_channels, digits.image_size), "int8")
+    steps = len(digits.train) // 32
+    sched = PrecisionScheduler(model, CPT(3, 8, cycles=2, total_steps=2 * steps))
+    spy = Spy()
+    train(model, digits, "int8", prepared=True, epochs=1, max_steps=steps, lr=0.05, log=lambda s: None,
+          batch_size=32, precision_scheduler=sched, callbacks=[spy])
+    assert sched.bits == (3, 8)  # the step after the epoch opens the second cycle
+    assert spy.seen == [(8, 8)]

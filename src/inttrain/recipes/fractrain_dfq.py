@@ -60,7 +60,8 @@ one scatter of the layer's rows: see ``benchmarks/dfq_overhead.py`` and docs/pre
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -358,6 +359,11 @@ class DFQController:
         return out
 
     # ------------------------------------------------------------------ schedule interface
+    @contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """Validation as in training: the gates pick each sample's width at evaluation too."""
+        yield
+
     def step(self, loss: float | None = None) -> tuple[float, int]:
         """Finish step ``last_step`` (shows its loss to the ``cap`` schedule) and move to the next."""
         if self.cap is not None:

@@ -12,7 +12,8 @@ on this CPU; BitOPs (:mod:`inttrain.cost`) is the hardware-independent measure o
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from inttrain.spec import GemmPrecision, LayerPrecision, QuantSpec
@@ -87,6 +88,17 @@ class PrecisionScheduler:
 
     def _apply(self) -> None:
         set_model_bits(self.model, *self.bits, include=self.include)
+
+    @contextmanager
+    def evaluation(self) -> Iterator[tuple[int, int]]:
+        """Within: the model at the schedule's evaluation bits (:meth:`Schedule.eval_bits`); after: the current
+        step's bits again."""
+        bits = self.schedule.eval_bits(self.last_step)
+        set_model_bits(self.model, *bits, include=self.include)
+        try:
+            yield bits
+        finally:
+            self._apply()
 
     def step(self, loss: float | None = None) -> tuple[int, int]:
         """Finish step ``last_step`` (showing its loss to stateful schedules) and apply the next one's bits."""

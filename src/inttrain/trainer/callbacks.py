@@ -9,6 +9,7 @@ under that key (``state_dict``) and put back on resume (``load_state_dict``), so
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,10 @@ class Callback:
     def on_epoch_end(self, trainer: Trainer, stats: EpochStats) -> None: ...
     def on_epoch_close(self, trainer: Trainer) -> None:
         """After the epoch's steps, also when a step raised or the run stopped."""
+
+    def evaluation(self, trainer: Trainer) -> AbstractContextManager[Any]:
+        """A context the validation passes run in (e.g. a precision schedule's evaluation bits)."""
+        return nullcontext()
 
     def state_dict(self) -> Any:
         return None
@@ -101,6 +106,9 @@ class PrecisionScheduleCallback(Callback):
 
     def on_step_end(self, trainer: Trainer, outcome: StepOutcome) -> None:
         self.scheduler.step(outcome.loss)
+
+    def evaluation(self, trainer: Trainer) -> AbstractContextManager[Any]:
+        return self.scheduler.evaluation()
 
     def state_dict(self) -> Any:
         return self.scheduler.state_dict()

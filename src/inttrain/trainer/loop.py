@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +150,13 @@ class Trainer:
         """The lr the first parameter group steps with (the base lr: recipes put scaled groups after it)."""
         return self.optimizer.param_groups[0]["lr"]
 
+    def validate(self) -> tuple[float, float]:
+        """(loss, accuracy) on the validation split, inside every callback's :meth:`Callback.evaluation`."""
+        with ExitStack() as stack:
+            for cb in self.callbacks:
+                stack.enter_context(cb.evaluation(self))
+            return evaluate_metrics(self.model, self.val_loader, self.recipe, self.device)
+
     def _emit(self, event: str, *args: Any) -> None:
         for cb in self.callbacks:
             getattr(cb, event)(self, *args)
@@ -265,7 +273,7 @@ class Trainer:
             if reason != "max_steps":
                 return self.result(reason)
             # After the snapshot, so the checkpoint (and a resume) is what it would be without it.
-            final = evaluate_metrics(self.model, self.val_loader, self.recipe, self.device)
+            final = self.validate()
             self.log(f"validation at step {s.step}: " + _quality(final[0], final[1], self.lm))
             return self.result(reason, final)
         if o.save_every and s.step % o.save_every == 0:
@@ -275,7 +283,7 @@ class Trainer:
     def _end_epoch(self, epoch: int) -> RunResult | None:
         s = self.state
         losses, times = s.epoch_losses, s.epoch_times
-        val_loss, val_accuracy = evaluate_metrics(self.model, self.val_loader, self.recipe, self.device)
+        val_loss, val_accuracy = self.validate()
         stats = EpochStats(
             epoch=epoch, train_loss=sum(losses) / len(losses) if losses else math.nan, val_accuracy=val_accuracy,
             steps=len(times), skipped=s.epoch_skipped, seconds=sum(times),
