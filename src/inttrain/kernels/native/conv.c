@@ -552,8 +552,21 @@ FWD_TARGET static void lane_tile(const lane_job *j, int64_t row, int64_t block) 
 FWD_TARGET static void repack_row(const uint8_t *src, int64_t wd, int64_t ci4, int32_t *dst, int64_t wt) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i fill = _mm512_set1_epi32((int32_t)0x80808080u);
+    const __m512i quad_major = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     for (int64_t xc0 = 0; xc0 < wd; xc0 += 16) {
         const int64_t live = wd - xc0 < 16 ? wd - xc0 : 16;
+        if (ci4 == 4 && live == 16) { /* 16 channels: a 16 x 4 dword transpose in registers (no gathers) */
+            __m512i b[4];
+            for (int k = 0; k < 4; ++k) /* pixels 4k .. 4k + 3 -> 128-bit lane c4: their quads c4 */
+                b[k] = _mm512_permutexvar_epi32(quad_major, _mm512_loadu_si512((const void *)(src + (xc0 + 4 * k) * 16)));
+            const __m512i t0 = _mm512_shuffle_i32x4(b[0], b[1], 0x44), t1 = _mm512_shuffle_i32x4(b[0], b[1], 0xEE);
+            const __m512i t2 = _mm512_shuffle_i32x4(b[2], b[3], 0x44), t3 = _mm512_shuffle_i32x4(b[2], b[3], 0xEE);
+            _mm512_storeu_si512((void *)(dst + xc0), _mm512_shuffle_i32x4(t0, t2, 0x88));
+            _mm512_storeu_si512((void *)(dst + wt + xc0), _mm512_shuffle_i32x4(t0, t2, 0xDD));
+            _mm512_storeu_si512((void *)(dst + 2 * wt + xc0), _mm512_shuffle_i32x4(t1, t3, 0x88));
+            _mm512_storeu_si512((void *)(dst + 3 * wt + xc0), _mm512_shuffle_i32x4(t1, t3, 0xDD));
+            continue;
+        }
         const __mmask16 mask = (__mmask16)((1u << live) - 1u);
         const __m512i idx = _mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32((int32_t)xc0), lane),
                                                _mm512_set1_epi32((int32_t)ci4));
