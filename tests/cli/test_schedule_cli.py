@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import inttrain
 from inttrain.cli.app import main
 from inttrain.cli.load import load_run
-from inttrain.schedules import cpt_bits, set_model_bits
+from inttrain.schedules import cpt_bits, model_bits, set_model_bits
 from inttrain.trainer import evaluate_metrics
 
 from schedule_run_utils import BASE, metric_rows as _rows, resumed_equals_uninterrupted
@@ -80,3 +81,4 @@ def test_cpt_validates_at_the_top_of_its_cycle(tmp_path: Path, capsys: pytest.Ca
         set_model_bits(p.model, bits, 8)
         at[bits] = evaluate_metrics(p.model, loader, "int8", torch.device("cpu"))[1]
     assert epoch[3] == pytest.approx(at[8], abs=1e-9) and at[3] != at[8]
+    assert model_bits(inttrain.load(run)) == (8, 8)  # loaded for inference (eval, export): at the top too

@@ -19,7 +19,6 @@ __all__ = ["resolve_checkpoint", "run_eval"]
 
 
 def run_eval(path: Path, dataset: str | None, data_dir: Path | None, threads: int | None) -> float:
-    import contextlib
     import math
 
     import torch
@@ -31,9 +30,7 @@ def run_eval(path: Path, dataset: str | None, data_dir: Path | None, threads: in
 
     p, weights_path = load_run(path, dataset, data_dir, threads)
     cfg = p.cfg
-    # a precision schedule's evaluation bits (CPT: the top of its cycle), as the trainer validated with
-    with p.scheduler.evaluation() if p.scheduler is not None else contextlib.nullcontext():
-        loss, acc = evaluate_metrics(p.model, DataLoader(p.splits.val, batch_size=256), cfg.recipe, torch.device("cpu"))
+    loss, acc = evaluate_metrics(p.model, DataLoader(p.splits.val, batch_size=256), cfg.recipe, torch.device("cpu"))
     if p.splits.task == "lm":
         ppl = math.exp(loss) if loss < 700 else math.inf  # exp overflows a float past ~709
         typer.echo(f"val_loss {loss:.4f} val_ppl {ppl:.2f} val_acc {acc:.4f} ({len(p.splits.val)} sequences of "

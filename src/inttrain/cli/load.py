@@ -106,6 +106,8 @@ def load_run(path: str | Path, dataset: str | None = None, data_dir: Path | None
             f"({str(e).splitlines()[0]})"
         ) from None
     p.model.eval()
+    if p.scheduler is not None:  # a loaded run is for inference: its schedule's evaluation bits (CPT: the top)
+        p.scheduler.apply_eval_bits()
     p.other_data = splits is not None
     return p, weights_path
 

@@ -359,6 +359,9 @@ class DFQController:
         return out
 
     # ------------------------------------------------------------------ schedule interface
+    def apply_eval_bits(self) -> None:
+        """Nothing to apply: the gates pick each sample's width at evaluation too."""
+
     @contextmanager
     def evaluation(self) -> Iterator[None]:
         """Validation as in training: the gates pick each sample's width at evaluation too."""

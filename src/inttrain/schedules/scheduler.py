@@ -89,12 +89,18 @@ class PrecisionScheduler:
     def _apply(self) -> None:
         set_model_bits(self.model, *self.bits, include=self.include)
 
-    @contextmanager
-    def evaluation(self) -> Iterator[tuple[int, int]]:
-        """Within: the model at the schedule's evaluation bits (:meth:`Schedule.eval_bits`); after: the current
-        step's bits again."""
+    def apply_eval_bits(self) -> tuple[int, int]:
+        """Put the model at the schedule's evaluation bits (:meth:`Schedule.eval_bits`) until the next
+        :meth:`step`: what a trained model is validated and deployed at."""
         bits = self.schedule.eval_bits(self.last_step)
         set_model_bits(self.model, *bits, include=self.include)
+        return bits
+
+    @contextmanager
+    def evaluation(self) -> Iterator[tuple[int, int]]:
+        """Within: the model at the schedule's evaluation bits (:meth:`apply_eval_bits`); after: the current
+        step's bits again."""
+        bits = self.apply_eval_bits()
         try:
             yield bits
         finally:
