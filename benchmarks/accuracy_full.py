@@ -379,8 +379,9 @@ def train_in_folder(folder_path: Path, cfg: Any, splits: Any, train_args: dict[s
         volatile = ("threads", "probe_every")  # change speed or logging, not the trained numbers
         saved = {k: v for k, v in resume[1]["config"].items() if k not in volatile}
         mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in volatile}
-        if saved != mine:
-            diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+        # a key one side lacks counts as None: a setting added to RunConfig later (default None) is no change
+        diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+        if diff:
             raise SystemExit(f"error: {folder_path} was trained with other settings ({', '.join(diff)}); "
                              "use the same flags, or remove the folder to start the job over")
     elif folder_path.exists():
