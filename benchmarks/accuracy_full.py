@@ -28,7 +28,9 @@ defaults and the job row names the knobs it did not get (``knobs_missing``), so 
 with full-budget ones in the report (it groups by the settings).
 
 Variants: ``fp32``, ``bf16``, ``int8``, ``int8-dataflow`` (int8 activations between layers), ``int8-nearest`` and ``int8-dataflow-nearest`` (the int8 recipe before
-its weight-gradient GEMM rounded stochastically by default: nearest rounding in all three GEMMs), ``unified-int8``,
+its weight-gradient GEMM rounded stochastically by default: nearest rounding in all three GEMMs), ``int8-gsr`` /
+``int8-dataflow-gsr`` (the input-gradient GEMM's output gradient rounded stochastically too), ``int8-fl`` (the first
+and last layer in float32), ``unified-int8``,
 ``sbm``, ``wageubn``, ``dorefa-8`` (k = 8 on every converted layer: a k-bit DoReFa value is a 9-bit GEMM code,
 which the convolutions take as two exact int8 halves), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
 cycles, gradients 8 bits) and ``integer-only`` (its own engine, ``inttrain.recipes.integer_only``: a model
@@ -74,6 +76,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     # stochastic rounding of the output gradient in the input-gradient GEMM too (all three gradient codes unbiased)
     "int8-gsr": ({"recipe": "int8", "grad_rounding": "stochastic"}, 3),
     "int8-dataflow-gsr": ({"recipe": "int8", "dataflow": True, "grad_rounding": "stochastic"}, 3),
+    # the first conv and the classifier kept in float32 (--first-last-float), the rest as int8
+    "int8-fl": ({"recipe": "int8", "first_last_float": True}, 3),
     "unified-int8": ({"recipe": "unified-int8"}, 2),
     "sbm": ({"recipe": "sbm"}, 2),
     # WageubnSGD (the recipe's quantized update) has momentum but no nesterov variant.
@@ -88,7 +92,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
 TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8": ("fp32", 0.2, None), "int8-dataflow": ("fp32", 0.2, None), "int8-nearest": ("fp32", 0.2, None),
     "int8-dataflow-nearest": ("fp32", 0.2, None),
-    "int8-gsr": ("fp32", 0.2, None), "int8-dataflow-gsr": ("fp32", 0.2, None),
+    "int8-gsr": ("fp32", 0.2, None), "int8-dataflow-gsr": ("fp32", 0.2, None), "int8-fl": ("fp32", 0.2, None),
     **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "dorefa-8")},
     "cpt-3-8": ("int8", 0.3, 0.6), "integer-only": ("fp32", 3.0, None),
 }
@@ -379,8 +383,10 @@ def train_in_folder(folder_path: Path, cfg: Any, splits: Any, train_args: dict[s
         volatile = ("threads", "probe_every")  # change speed or logging, not the trained numbers
         saved = {k: v for k, v in resume[1]["config"].items() if k not in volatile}
         mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in volatile}
-        # a key one side lacks counts as None: a setting added to RunConfig later (default None) is no change
-        diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+        # a key one side lacks counts as the field's default: a setting added to RunConfig later is no change
+        defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
+        diff = sorted(k for k in set(saved) | set(mine)
+                      if saved.get(k, defaults.get(k)) != mine.get(k, defaults.get(k)))
         if diff:
             raise SystemExit(f"error: {folder_path} was trained with other settings ({', '.join(diff)}); "
                              "use the same flags, or remove the folder to start the job over")

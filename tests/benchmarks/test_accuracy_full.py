@@ -15,10 +15,11 @@ SCRIPT = "accuracy_full"  # conftest.py's `bench` fixture loads benchmarks/accur
 def test_jobs_seed_major_with_three_seeds_for_the_tight_variants(bench) -> None:
     args = bench.parse_args(["--data", "x.npz"])
     jobs = bench.all_jobs(args)
-    # fp32, int8, int8-dataflow, int8-gsr, int8-dataflow-gsr: 3 seeds; int8-dataflow-nearest 1; the rest 2
-    assert len(jobs) == 5 * 3 + 8 * 2 + 1
-    assert jobs[:14] == [(v, 0) for v in bench.VARIANTS]
-    assert jobs[-5:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2), ("int8-gsr", 2), ("int8-dataflow-gsr", 2)]
+    # fp32, int8, int8-dataflow, int8-gsr, int8-dataflow-gsr, int8-fl: 3 seeds; int8-dataflow-nearest 1; the rest 2
+    assert len(jobs) == 6 * 3 + 8 * 2 + 1
+    assert jobs[:15] == [(v, 0) for v in bench.VARIANTS]
+    assert jobs[-6:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2), ("int8-gsr", 2), ("int8-dataflow-gsr", 2),
+                         ("int8-fl", 2)]
 
 
 def _row(variant: str, seed: int, acc: float, gbitops: float | None = None) -> dict:
@@ -49,13 +50,18 @@ def test_summary_pairs_gaps_by_seed(bench) -> None:
     assert near["cpt-3-8"]["target_met"] is True  # -0.2 / -0.2 points at 0.5 x int8's BitOPs
 
 
-def test_end_to_end_rows_list_and_report(bench, tmp_path: Path, capsys) -> None:
+def _tiny_run(tmp_path: Path, variants: str) -> tuple[Path, list[str]]:
+    """(out folder, command line) of a one-epoch, one-seed run of ``variants`` on 96 random 32x32 images."""
     rng = np.random.default_rng(0)
     data = tmp_path / "tiny.npz"
     np.savez(data, x=rng.integers(0, 256, (96, 32, 32, 3), dtype=np.uint8), y=rng.integers(0, 10, 96))
     out = tmp_path / "out"
-    common = ["--data", str(data), "--out", str(out), "--model", "small-cnn", "--train-size", "64", "--val-size", "32",
-              "--batch-size", "32", "--epochs", "1", "--seeds", "1", "--compile", "off", "--variants", "fp32,int8,integer-only"]
+    return out, ["--data", str(data), "--out", str(out), "--model", "small-cnn", "--train-size", "64", "--val-size",
+                 "32", "--batch-size", "32", "--epochs", "1", "--seeds", "1", "--compile", "off", "--variants", variants]
+
+
+def test_end_to_end_rows_list_and_report(bench, tmp_path: Path, capsys) -> None:
+    out, common = _tiny_run(tmp_path, "fp32,int8,integer-only")
     assert bench.main(common) == 0
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["variant"], r["seed"], r["status"]) for r in rows] == [
@@ -75,3 +81,26 @@ def test_end_to_end_rows_list_and_report(bench, tmp_path: Path, capsys) -> None:
     gap = 100 * (rows[1]["final_val_accuracy"] - rows[0]["final_val_accuracy"])
     assert f"| int8 | 1 | {100 * rows[1]['final_val_accuracy']:.2f} ± - |" in md and f"| {gap:+.2f} |" in md
     assert (out / "accuracy_full.png").stat().st_size > 0
+
+
+def test_resume_takes_a_setting_added_later_at_its_default(bench, tmp_path: Path) -> None:
+    """A checkpoint written before a RunConfig field existed resumes (the field's default is no change); a
+    changed setting is refused, naming it."""
+    import torch
+
+    out, common = _tiny_run(tmp_path, "fp32")
+    assert bench.main(common) == 0
+    state_path = out / "runs" / "fp32-s0" / "checkpoints" / "last.state.pt"
+    state = torch.load(state_path, weights_only=False)
+    assert state["config"]["optimizer"] == "sgd"  # the field's default, which is not None
+    del state["config"]["optimizer"]
+    torch.save(state, state_path)
+    (out / "results.jsonl").write_text("")  # the job is pending again: it resumes from `last`
+    assert bench.main(common) == 0
+    row = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    assert row["status"] == "done" and row["resumed"] is True
+    state["config"]["lr"] = 123.0
+    torch.save(state, state_path)
+    (out / "results.jsonl").write_text("")
+    with pytest.raises(SystemExit, match=r"trained with other settings \(lr\)"):
+        bench.main(common)

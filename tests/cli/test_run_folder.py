@@ -235,3 +235,17 @@ def test_weight_grad_rounding_option(tmp_path: Path, capsys: pytest.CaptureFixtu
                   "--max-steps", "2") == 0
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert (saved["weight_grad_rounding"], saved["bits"]) == ("stochastic", 6)
+
+
+def test_first_last_float_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _train(tmp_path / "r", "--first-last-float") == 2
+    assert _err(capsys) == ("error: --first-last-float: recipe 'fp32' has no first/last-layer choice; "
+                            "use int8 or dorefa")
+    assert not (tmp_path / "r").exists()
+    run = tmp_path / "fl"
+    assert _train(run, "--recipe", "int8", "--first-last-float", "--max-steps", "2") == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["first_last_float"] is True
+    from inttrain.cli.run import recipe_config_for
+
+    assert recipe_config_for("dorefa", None, first_last_float=False).first_last_float is False
+    assert recipe_config_for("int8", None, first_last_float=True).first_last_float is True

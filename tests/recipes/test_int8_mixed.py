@@ -20,3 +20,26 @@ def test_int8_matches_fp32_accuracy_on_digits(name, make_model, image, epochs, l
     assert sum(calls.values()) > 0, "integer kernels never ran"
     assert fp32 > 94.0, f"fp32 baseline too weak to compare against: {fp32:.2f}%"
     assert int8 >= fp32 - MAX_GAP_POINTS, f"{name}: int8 {int8:.2f}% vs fp32 {fp32:.2f}% (gap > {MAX_GAP_POINTS})"
+
+
+def test_first_last_float_keeps_the_end_layers_in_float() -> None:
+    import torch
+    from torch import nn
+
+    import inttrain
+    from inttrain.nn import IntLayerMixin
+    from inttrain.recipes.int8_mixed import Int8MixedConfig
+
+    def model() -> nn.Sequential:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.Flatten(),
+                             nn.Linear(8 * 4 * 4, 16), nn.ReLU(), nn.Linear(16, 10))
+
+    ends = inttrain.prepare_(model(), Int8MixedConfig(first_last_float=True))
+    assert [isinstance(ends[i], IntLayerMixin) for i in (0, 2, 4, 6)] == [False, True, True, False]
+    every = inttrain.prepare_(model(), Int8MixedConfig())
+    assert all(isinstance(every[i], IntLayerMixin) for i in (0, 2, 4, 6))
+    reset_kernel_calls()
+    ends(torch.randn(32, 4, 8, 8)).square().mean().backward()
+    calls = int_kernel_calls()
+    assert sum(calls.values()) > 0 and ends[0].weight.grad is not None and ends[6].weight.grad is not None

@@ -51,6 +51,9 @@ class RunConfig:
                                           "weight-gradient GEMM where the recipe sets none for it): nearest or "
                                           "stochastic (default: the recipe's, nearest for int8).",
                                     default_text="recipe's")
+    first_last_float: bool | None = opt(None, "Keep the model's first and last Linear/Conv2d in float32 (int8, "
+                                              "dorefa; default: the recipe's, off for int8, on for dorefa).",
+                                        default_text="recipe's")
     epochs: int = opt(5, "Number of epochs.")
     batch_size: int = opt(32, "Batch size.")
     lr: float = opt(0.05, "Learning rate.")

@@ -34,7 +34,8 @@ from torch import nn
 from ..optim import DEFAULT_MOMENTUM, build_optimizer
 from ..spec import LayerPrecision, Rounding
 
-__all__ = ["RecipeConfig", "LayerHooks", "BASE_LR_KEY", "no_step_hook", "layer_hook_state", "load_layer_hook_state"]
+__all__ = ["RecipeConfig", "LayerHooks", "BASE_LR_KEY", "no_step_hook", "layer_hook_state", "load_layer_hook_state",
+           "first_last_filter"]
 
 #: Parameter-group key holding the lr a recipe's step hook scales per group (set it, not ``lr``, to change
 #: the base of such a group: the trainer's lr schedule does).  The name is the one checkpoints already hold.
@@ -105,6 +106,13 @@ class RecipeConfig:
         """A recipe-level ``(module, fqn) -> bool`` for ``model`` (e.g. keep first/last layer float), or None."""
         return None
 
+    def with_first_last_float(self, keep: bool) -> RecipeConfig:
+        """This config with its first/last-layer policy set (``inttrain train --first-last-float``); ValueError if
+        the recipe has no such choice."""
+        if "first_last_float" not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(f"recipe {self.name!r} has no first/last-layer choice; use int8 or dorefa")
+        return dataclasses.replace(self, first_last_float=keep)
+
     def converts_layers(self) -> bool:
         """False for float baselines (fp32, bf16), which leave the model untouched."""
         return True
@@ -174,3 +182,12 @@ class RecipeConfig:
     def report(self, model: nn.Module) -> dict[str, float]:
         """Numbers the recipe reports about a trained ``model`` (default: none)."""
         return {}
+
+
+def first_last_filter(model: nn.Module):
+    """The ``layer_filter`` that keeps the model's first and last Linear/Conv2d in float32 (module order, the order
+    ``named_modules`` and a plain forward visit them): the first layer sees the raw input, the last one writes the
+    logits.  The DoReFa paper (Zhou et al. 2016, Sec. 2.7) and most low-bit training work leave both in float."""
+    layers = [m for m in model.modules() if type(m) in (nn.Linear, nn.Conv2d)]
+    ends = {id(layers[0]), id(layers[-1])} if layers else set()
+    return lambda module, fqn: id(module) not in ends

@@ -49,7 +49,7 @@ from ..numerics.hashing import uniform_from_counter
 from ..spec import GemmPrecision, LayerPrecision, PerTensor, QuantSpec, UnsupportedFormatError
 from ..spec.capabilities import GEMM_BITS
 from ..spec.formats import IntFormat
-from .base import LayerHooks, RecipeConfig
+from .base import LayerHooks, RecipeConfig, first_last_filter
 
 __all__ = ["DoReFaConfig", "quantize_k", "dorefa_weight", "dorefa_activation", "dorefa_gradient"]
 
@@ -175,8 +175,4 @@ class DoReFaConfig(RecipeConfig):
         return False  # its weight/activation transforms read max|x| with .item() in every layer (graph breaks)
 
     def layer_filter(self, model: nn.Module):
-        if not self.first_last_float:
-            return None
-        layers = [m for m in model.modules() if type(m) in (nn.Linear, nn.Conv2d)]
-        ends = {id(layers[0]), id(layers[-1])} if layers else set()
-        return lambda module, fqn: id(module) not in ends
+        return first_last_filter(model) if self.first_last_float else None

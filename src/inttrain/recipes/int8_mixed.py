@@ -28,7 +28,7 @@ from torch import nn
 
 from ..spec import GemmPrecision, LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding
 from ..spec.formats import IntFormat
-from .base import RecipeConfig
+from .base import RecipeConfig, first_last_filter
 
 __all__ = ["Int8MixedConfig"]
 
@@ -52,6 +52,10 @@ class Int8MixedConfig(RecipeConfig):
             (the hash runs inside the conv weight-gradient kernel and the Linear gradient quantizer).
         per_channel: per-row/per-channel scales as described above; False gives one scale per tensor.
         float_weight_grad: run the weight-gradient GEMM in float32 (as torchao and SwitchBack allow).
+        first_last_float: keep the model's first and last Linear/Conv2d in float32 (the common low-bit training
+            policy: DoReFa Sec. 2.7; the first layer sees the raw input, the last writes the logits).  Off by
+            default: ResNet-20's first conv and classifier are about 1% of its MACs, and the probe
+            (``benchmarks/probe_recipes.py``) does not put them among the weakest GEMMs.
         seed: base seed of the stochastic-rounding hash.
     """
 
@@ -66,6 +70,7 @@ class Int8MixedConfig(RecipeConfig):
     weight_grad_rounding: Rounding | None = Rounding.STOCHASTIC
     per_channel: bool = True
     float_weight_grad: bool = False
+    first_last_float: bool = False
 
     def __post_init__(self) -> None:
         for field_name in ("bits", "grad_bits"):
@@ -88,3 +93,6 @@ class Int8MixedConfig(RecipeConfig):
             grad_input=GemmPrecision(g(act), w(True)),
             grad_weight=GemmPrecision(self._spec(gb, True, wg_rounding), w(act), integer=not self.float_weight_grad),
         )
+
+    def layer_filter(self, model: nn.Module):
+        return first_last_filter(model) if self.first_last_float else None
