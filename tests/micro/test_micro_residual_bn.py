@@ -50,18 +50,18 @@ def test_bn_forward_normalizes_per_channel():
     assert np.all(xh[2] == 0) and np.all(y.q[:, 2] == 0)         # a constant channel normalizes to beta = 0
     mean = y.to_float().mean(axis=(0, 2, 3))
     assert np.abs(mean[:2]).max() < 0.02                         # zero mean (beta = 0)
-    # scaled by the power of two above the channel's range: |y| < gamma = 1 and spread is comparable
+    # divided by the channel's range: |y| <= gamma = 1 and the spread is comparable
     assert y.to_float()[:, :2].std(axis=(0, 2, 3)).min() > 0.1
 
 
 def _float_bn_grads(bn, g):
-    """Float BN backward with the same statistics (range 2**k at the input exponent); the projection on the
+    """Float BN backward with the same statistics (the range r at the input exponent); the projection on the
     normalized input divides by sum(xf^2), as for a unit-variance input (docs §4.2)."""
     ex, shape, xh, r, k, g8 = bn.saved
     gc = np.moveaxis(g.to_float(), 1, 0).reshape(shape[1], -1)
     xf = xh / 128.0
     gamma = g8.q.astype(np.float64) * 2.0 ** g8.exp
-    sigma = 2.0 ** (k + ex)
+    sigma = np.maximum(r, 1).astype(np.float64) * 2.0 ** ex
     proj = (gc * xf).sum(1, keepdims=True) / np.maximum((xf * xf).sum(1, keepdims=True), 1e-300)
     gx = gamma[:, None] / sigma[:, None] * (gc - gc.mean(1, keepdims=True) - xf * proj)
     gx[r == 0] = 0

@@ -590,15 +590,6 @@ class SequentialCore:
 BN_MAX_COUNT = INT32_LIMIT // (127 * 128)   # 132104: sum of G << 7 over the batch fits int32
 
 
-def _rows_shift(a: np.ndarray, s: np.ndarray, mode: str, ops: type = NumpyOps) -> np.ndarray:
-    """Row c of ``a`` (C, M) multiplied by 2**-s[c] (rounding right / saturating left shift)."""
-    out = ops.empty_like(a)
-    for sv in ops.distinct(s):
-        rows = s == sv
-        out[rows] = ops.shift(a[rows], sv, mode)
-    return out
-
-
 PROJ_CAP = 1 << 21          # |Xh * pg| <= 2**21 = |G << 14| bound: |g8 * h| < 127 * 3 * 2**21 < 2**31 (§4.2)
 
 
@@ -606,7 +597,7 @@ def projection_coefficient(dgamma: np.ndarray, xh: np.ndarray, ops: type = Numpy
     """pg = rdiv(sum(G Xh) * 2**14, sum(Xh^2)) per channel, capped to |pg| <= PROJ_CAP // max|Xh| (docs §4.2).
 
     Xh * pg (at eg - 14) is the projection of the error on the normalized input. Float batch norm subtracts
-    Xh * mean(G Xh) for a unit-variance Xh; this Xh = D / 2**k has a variance of ~1/144, so the projection is
+    Xh * mean(G Xh) for a unit-variance Xh; this Xh = 128 D / r (in units of 2**-7) has a variance of ~1/144, so the projection is
     divided by sum(Xh^2) instead of M. The cap (rarely reached: only when Xh is concentrated on a few values)
     keeps every term of the input gradient within int32."""
     sxx = ops.sum(xh * xh, 1)
@@ -615,13 +606,24 @@ def projection_coefficient(dgamma: np.ndarray, xh: np.ndarray, ops: type = Numpy
     return ops.clip(pg, -cap, cap)
 
 
+def range_reciprocal(r: np.ndarray, shift: int, ops: type = NumpyOps) -> np.ndarray:
+    """rdiv(2**shift, r) per channel, 0 where r == 0 (a dead channel): the fixed-point 1 / r of the batch norm."""
+    live = r > 0
+    return ops.where(live, ops.rdiv((ops.wide(r) * 0 + 1) << shift, ops.clip(r, 1, None)), 0)
+
+
 class BatchNorm(Layer):
-    """Integer range batch normalization with power-of-two range scaling (docs §4.2).
+    """Integer range batch normalization, normalized by the exact range (docs §4.2).
 
     Per channel c (axis 1; statistics over the batch and, for (N, C, H, W), the pixels; M values):
-    mu = rdiv(sum X, M); D = X - mu; r = max X - min X; k = bitlen(r);
-    Xh = sat8(shift(D, k - 7, forward)) at exponent -7 (|Xh| < 128: D / 2**k, the range-normalized
+    mu = rdiv(sum X, M); D = X - mu; r = max X - min X; inv = rdiv(2**23, r);
+    Xh = sat8(shift(D * inv, 16, forward)) at exponent -7 (|Xh| <= 128: 128 D / r, the range-normalized
     input); A = Xh * G8 + shift(B8, (eγ - 7) - eβ) at exponent eγ - 7; y = R_f(A).
+    The exact 1 / r (a fixed-point reciprocal, |D * inv| < 2**31 for int8 inputs) replaced a shift by
+    bitlen(r) - 7, which scaled each channel by 128 / 2**bitlen(r), anywhere in (64 / r, 128 / r]: a channel
+    whose range crossed a power of two between batches saw its output halve or double.  Measured on the
+    CIFAR-10 batch-norm CNN (2000 images, 6 epochs, seeds 0 / 1): held-out accuracy 0.402 / 0.400 -> 0.447 /
+    0.442 (training loss 1.545 / 1.523 -> 1.325 / 1.346).
     gamma / beta: learnable Params (per channel, int16 or int8 master codes, initialized to 1 and 0)
     trained by the integer SGD; always batch statistics (no running averages).
     """
@@ -653,7 +655,7 @@ class BatchNorm(Layer):
         d = xc - mu[:, None]
         r = (ops.amax(xc, 1) - ops.amin(xc, 1)) if m else ops.zeros(mu, 64)
         k = ops.bitlen(r)
-        xh = ops.saturate(_rows_shift(d, k - 7, self.fwd_round, ops), 8)
+        xh = ops.saturate(ops.shift(d * range_reciprocal(r, 23, ops)[:, None], 16, self.fwd_round), 8)
         g8, b8 = self.gamma.int8(), self.beta.int8()
         eo = g8.exp - 7
         bal = ops.shift(ops.wide(b8.q), eo - b8.exp, self.fwd_round)
@@ -679,9 +681,9 @@ class BatchNorm(Layer):
         a = ops.check_int32(ops.wide(g8.q)[:, None] * h, "batchnorm input grad")
         live = r > 0
         kmin = int(k[live].min()) if live.any() else 0
-        s = ops.where(live, k - kmin, 63)                                 # dead channels -> 0
-        out = _rows_shift(a, s, self.bwd_round, ops)
-        return ops.requantize(self._uncm(out, shape), g.exp - 14 + g8.exp - ex - kmin, self.bwd_round)
+        # dXh/dX = 128 / r: a * 2**(kmin - 1) / r (<= a: r >= 2**(kmin - 1), so int32 holds it; dead channels 0)
+        out = ops.shift(a * range_reciprocal(r, kmin + 15, ops)[:, None], 16, self.bwd_round)
+        return ops.requantize(self._uncm(out, shape), g.exp - 14 + g8.exp - ex - kmin + 1, self.bwd_round)
 
     def describe(self):
         return {"type": "batchnorm", "num_features": self.num_features}

@@ -171,8 +171,8 @@ class _Gen:
             b, _, be = self.param(L.beta)
             self.bufs.append(("", f"static const it_bn_t L{p}_bn = {{{c}u, {n_in // c}u}};", 0))
             xh = self.buf("int8_t", f"L{p}_xh", B * n_in)
-            k, live = self.buf("uint8_t", f"L{p}_k", c), self.buf("uint8_t", f"L{p}_live", c)
-            self.fwd.append(f"{ye} = it_bn_fwd(&L{p}_bn, {x}, n, {g}, {ge}, {b}, {be}, {xh}, {k}, {live}, {y}, {self.fmode});")
+            rng, live = self.buf("uint8_t", f"L{p}_range", c), self.buf("uint8_t", f"L{p}_live", c)
+            self.fwd.append(f"{ye} = it_bn_fwd(&L{p}_bn, {x}, n, {g}, {ge}, {b}, {be}, {xh}, {rng}, {live}, {y}, {self.fmode});")
         else:                                        # pragma: no cover - every micro layer is handled above
             raise ValueError(f"codegen: layer {type(L).__name__} is not supported")
 
@@ -258,7 +258,7 @@ class _Gen:
             bt, bmom, bexp = self.param(L.beta)
             gx, gxe = self._gx(nd) if need else ("0", None)
             self.need_acc(self.batch * n_in)
-            call = (f"it_bn_bwd(&L{p}_bn, {g}, {ge}, {xe}, n, L{p}_xh, L{p}_k, L{p}_live, {gm}, {gmom}, {gexp}, {bt}, "
+            call = (f"it_bn_bwd(&L{p}_bn, {g}, {ge}, {xe}, n, L{p}_xh, L{p}_range, L{p}_live, {gm}, {gmom}, {gexp}, {bt}, "
                     f"{bmom}, {bexp}, it_acc, {gx}, {lr}, {self.bmode}, {self.umode}, {ms});")
             self.bwd.append(f"{gxe} = {call}" if need else f"(void){call}")
             return (gx, gxe) if need else None

@@ -413,15 +413,22 @@ int32_t it_add_aligned(const int8_t *a, int32_t ea, const int8_t *b, int32_t eb,
     return it_requant32(acc, len, y, e, mode);
 }
 
+/* rdiv(2**shift, r): the fixed-point reciprocal of a channel's range (0 for a dead channel, r == 0), §4.2 */
+static int64_t range_reciprocal(uint32_t r, int32_t shift)
+{
+    return r ? it_rdiv((int64_t)1 << shift, (int64_t)r) : 0;
+}
+
 int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode_t *gamma, int32_t gexp,
-                  const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint8_t *k, uint8_t *live, int8_t *y, int mode)
+                  const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint8_t *range, uint8_t *live, int8_t *y,
+                  int mode)
 {
     uint32_t c, b, j, hw = bn->hw, m_count = n * hw;
     int32_t eg8 = gexp + IT_W8_EXP_OFFSET, eb8 = bexp + IT_W8_EXP_OFFSET, eo = eg8 - 7, s;
     uint64_t amax = 0;
     for (c = 0; c < bn->c; c++) {               /* pass 1: statistics, Xh, max |A| */
-        int64_t sum = 0, mu, bal;
-        int32_t mn = 127, mx = -127, kc, g8 = it_w8(gamma[c]);
+        int64_t sum = 0, mu, bal, inv;
+        int32_t mn = 127, mx = -127, g8 = it_w8(gamma[c]);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 int32_t v = x[(b * bn->c + c) * hw + j];
@@ -430,14 +437,14 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode
                 mx = v > mx ? v : mx;
             }
         mu = it_rdiv(sum, m_count);
-        kc = it_bitlen((uint64_t)(mx - mn));
-        k[c] = (uint8_t)kc;
+        range[c] = (uint8_t)(mx > mn ? mx - mn : 0);  /* <= 254: int8 inputs */
         live[c] = mx > mn;
+        inv = range_reciprocal(range[c], 23);
         bal = it_shift(it_w8(beta[c]), eo - eb8, mode);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 uint32_t at = (b * bn->c + c) * hw + j;
-                int64_t v = it_shift(x[at] - mu, kc - 7, mode), a;
+                int64_t v = it_shift_round((x[at] - mu) * inv, 16, mode), a;  /* 128 (x - mu) / r */
                 xh[at] = (int8_t)IT_CLAMP(v, -127, 127);
                 a = (int64_t)xh[at] * g8 + bal;
                 if ((uint64_t)(a < 0 ? -a : a) > amax)
@@ -459,15 +466,15 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode
 }
 
 int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, uint32_t n, const int8_t *xh,
-                  const uint8_t *k, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
+                  const uint8_t *range, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
                   it_wcode_t *beta, int32_t *bmom, int32_t bexp, int32_t *acc, int8_t *gx, int32_t lr_shift,
                   int bwd_mode, int upd_mode, int32_t mshift)
 {
     uint32_t c, b, j, hw = bn->hw, m_count = n * hw;
     int32_t kmin = 0, any = 0;
     for (c = 0; c < bn->c; c++)
-        if (live[c] && (!any || k[c] < kmin)) {
-            kmin = k[c];
+        if (live[c] && (!any || it_bitlen(range[c]) < kmin)) {
+            kmin = it_bitlen(range[c]);
             any = 1;
         }
     for (c = 0; c < bn->c; c++) {
@@ -486,12 +493,13 @@ int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, ui
             int64_t mb = it_rdiv(dbeta * 128, m_count), pg = it_rdiv(dgamma * 16384, sxx > 0 ? sxx : 1);
             int64_t cap = ((int64_t)1 << 21) / (amx > 0 ? amx : 1);
             int32_t g8 = it_w8(gamma[c]);
+            int64_t f = range_reciprocal(range[c], kmin + 15);    /* 2**(kmin - 1) / r <= 1 in Q16 */
             pg = pg > cap ? cap : (pg < -cap ? -cap : pg);
             for (b = 0; b < n; b++)
                 for (j = 0; j < hw; j++) {
                     uint32_t at = (b * bn->c + c) * hw + j;
                     int64_t h = (int64_t)g[at] * 16384 - mb * 128 - (int64_t)xh[at] * pg;
-                    acc[at] = live[c] ? (int32_t)it_shift_round(g8 * h, k[c] - kmin, bwd_mode) : 0;
+                    acc[at] = (int32_t)it_shift_round(g8 * h * f, 16, bwd_mode);  /* dead channel: f = 0 */
                 }
         }
         it_update(&gamma[c], gmom ? &gmom[c] : 0, dgamma, gexp + lr_shift - (ge - 7), upd_mode, mshift);
@@ -499,7 +507,7 @@ int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, ui
     }
     if (!gx)
         return 0;
-    return it_requant32(acc, m_count * bn->c, gx, ge - 14 + gexp + IT_W8_EXP_OFFSET - xe - kmin, bwd_mode);
+    return it_requant32(acc, m_count * bn->c, gx, ge - 14 + gexp + IT_W8_EXP_OFFSET - xe - kmin + 1, bwd_mode);
 }
 
 static const int32_t EXP2_LUT[256] = {     /* round(2**(i/256) * 2**15), §6; sum 12085828 */

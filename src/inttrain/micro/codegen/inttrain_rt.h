@@ -89,10 +89,11 @@ int32_t it_add_aligned(const int8_t *a, int32_t ea, const int8_t *b, int32_t eb,
 /* §4.2 integer range batch norm over n samples of c channels with hw values each */
 typedef struct { uint32_t c, hw; } it_bn_t;
 int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode_t *gamma, int32_t gexp,
-                  const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint8_t *k, uint8_t *live, int8_t *y, int mode);
+                  const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint8_t *range, uint8_t *live, int8_t *y,
+                  int mode);
 /* input error (when gx != NULL) and the update of gamma and beta; returns gx's exponent */
 int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, uint32_t n, const int8_t *xh,
-                  const uint8_t *k, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
+                  const uint8_t *range, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
                   it_wcode_t *beta, int32_t *bmom, int32_t bexp, int32_t *acc, int8_t *gx, int32_t lr_shift,
                   int bwd_mode, int upd_mode, int32_t mshift);
 
