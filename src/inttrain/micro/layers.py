@@ -80,7 +80,6 @@ class Param:
         wf = self.acc * np.float32(2.0 ** -s)
         np.rint(wf, out=wf)
         np.clip(wf, -127, 127, out=wf)               # the largest code may round to 128
-        # rounding is monotonic, so the largest |code| is the rounded largest |W16| (rne on a tie)
         return IntTensor(wf.astype(np.int8), self.exp + s), wf, int(np.max(np.abs(wf))) if wf.size else 0
 
     @staticmethod

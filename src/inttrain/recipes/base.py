@@ -184,7 +184,7 @@ class RecipeConfig:
         return {}
 
 
-def first_last_filter(model: nn.Module):
+def first_last_filter(model: nn.Module) -> Callable[[nn.Module, str], bool]:
     """The ``layer_filter`` that keeps the model's first and last Linear/Conv2d in float32 (module order, the order
     ``named_modules`` and a plain forward visit them): the first layer sees the raw input, the last one writes the
     logits.  The DoReFa paper (Zhou et al. 2016, Sec. 2.7) and most low-bit training work leave both in float."""
