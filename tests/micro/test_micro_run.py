@@ -99,20 +99,20 @@ def test_kill_mid_run_then_resume_is_bit_identical(files, tmp_path):
 
 
 def test_keep_best_saves_the_best_epoch(files, tmp_path, capsys):
-    # the shift rule with too large a rate swings and collapses (measured: 0.117, 0.119, 0.214, 0.111)
+    # the shift rule with too large a rate swings and collapses (measured: 0.175, 0.353, 0.131, 0.181)
     args = ["train", str(files / "mlp.json"), str(files / "tr.npz"), "--val", str(files / "va.npz"), "--epochs", "4",
-            "--schedule", "const", "--lr-mode", "shift", "--lr-shift", "3", "--log-every", "0"]
+            "--schedule", "const", "--lr-mode", "shift", "--lr-shift", "4", "--log-every", "0"]
     assert main([*args, "--keep-best", "--out", str(tmp_path / "best")]) == 0
     assert main([*args, "--out", str(tmp_path / "last")]) == 0
     out = capsys.readouterr().out
     info = json.loads((tmp_path / "best" / "model.json").read_text())["info"]
     accs = [r["val_acc"] for r in info["history"]]
-    assert info["best_epoch"] == 1 + int(np.argmax(accs)) == 3 and info["best_val_acc"] == max(accs) > accs[-1]
+    assert info["best_epoch"] == 1 + int(np.argmax(accs)) == 2 and info["best_val_acc"] == max(accs) > accs[-1]
     assert f"(best epoch {info['best_epoch']}, val_acc {max(accs):.4f})" in out
     va = np.load(files / "va.npz")
     assert evaluate(load_model(tmp_path / "best"), va["x"], -7, va["y"]) == max(accs)
     assert evaluate(load_model(tmp_path / "last"), va["x"], -7, va["y"]) == accs[-1]
-    assert info["train"]["lr_shift"] == 3 and info["train"]["schedule"] == "const" and info["train"]["keep_best"]
+    assert info["train"]["lr_shift"] == 4 and info["train"]["schedule"] == "const" and info["train"]["keep_best"]
 
 
 def test_epoch_line_reports_saturation_schedule_time_and_eta(files, tmp_path, capsys):

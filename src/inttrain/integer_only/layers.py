@@ -50,12 +50,10 @@ class Param:
         return out
 
     def int8(self) -> IntTensor:
-        """The int8 weight view used by the GEMMs: sat8(shift_round(W16, s, rne)) at exp + s, s =
-        view_shift(max|W16|) (int16; micro's :meth:`~inttrain.micro.layers.Param.gemm_view`)."""
+        """The int8 weight view used by the GEMMs: sat8(shift_round(W16, 8, rne)) at exp + 8 (int16)."""
         if self.bits == 8:
             return IntTensor(self.acc, self.exp)
-        s = _ml.view_shift(int(self.acc.abs().max()) if self.acc.numel() else 0)
-        return IntTensor(saturate(shift_round(self.acc, s, "rne"), 8).to(torch.int8), self.exp + s)
+        return IntTensor(saturate(shift_round(self.acc, 8, "rne"), 8).to(torch.int8), self.exp + 8)
 
 
 class Layer(_ml.Layer):

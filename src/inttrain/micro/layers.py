@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from .gemm import exact_float_dtype, int_matmul, matmul_exact
-from .ops import INT32_MAX, IntTensor, NumpyOps, absmax, bitlen, check_int32, qmax, rdiv, requantize
+from .ops import (INT32_MAX, IntTensor, NumpyOps, absmax, bitlen, check_int32, qmax, rdiv, requantize, saturate,
+                  shift_round)
 
 INT32_LIMIT = INT32_MAX
 MAX_K = INT32_LIMIT // (127 * 127)   # 133144: longest reduction whose int8 x int8 sum fits int32
@@ -25,10 +26,13 @@ def requantize_checked(acc: np.ndarray, exp: int, mode: str, what: str) -> IntTe
     return requantize(acc, exp, mode, amax=m)
 
 
-def view_shift(max_code: int) -> int:
-    """The int8 view's shift of int16 master codes whose largest magnitude is ``max_code`` (docs §1): the
-    smallest that brings it to int8, s = max(0, bitlen(max_code) - 7), as activations are requantized."""
-    return max(0, int(max_code).bit_length() - 7)
+def _int8_view_table() -> np.ndarray:
+    """sat8(shift_round(W16, 8, rne)) for every int16 bit pattern, indexed by the pattern as uint16."""
+    w = np.arange(65536, dtype=np.uint16).view(np.int16)
+    return saturate(shift_round(w.astype(np.int64), 8, "rne"), 8).astype(np.int8)
+
+
+INT8_VIEW = _int8_view_table()          # 64 KiB: the int8 weight view is one table lookup per weight
 
 
 def to_int32(acc: np.ndarray, what: str, bound: int | None = None) -> np.ndarray:
@@ -44,12 +48,9 @@ def to_int32(acc: np.ndarray, what: str, bound: int | None = None) -> np.ndarray
 class Param:
     """A weight: master codes ``acc`` (int16 or int8, ``bits``) at fixed exponent ``exp``.
 
-    The forward uses the int8 view: for bits == 16, w8 = saturate(shift_round(acc, s, rne)) at exp + s with
-    s = view_shift(max|acc|), the whole int8 range for the tensor's largest code; for bits == 8 the codes
-    themselves. (A fixed s = 8 left a freshly initialized conv layer ~6 bits and batch-norm gammas ~4; the
-    per-tensor shift: CIFAR batch-norm CNN, 2000 images, 6 epochs, seeds 0 / 1, held-out 0.447 / 0.442 ->
-    0.481 / 0.476.) ``grad``/``grad_exp`` hold the last gradient, ``mom`` the int32 momentum buffer of the
-    optimizer.
+    The forward uses the int8 view: for bits == 16, w8 = saturate(shift_round(acc, 8, rne)) at
+    exp + 8; for bits == 8 the codes themselves. ``grad``/``grad_exp`` hold the last gradient,
+    ``mom`` the int32 momentum buffer of the optimizer.
     """
 
     def __init__(self, acc: np.ndarray, exp: int, bits: int):
@@ -64,23 +65,30 @@ class Param:
         self.mom: np.ndarray | None = None
 
     def int8(self) -> IntTensor:
-        return self.gemm_view()[0]
+        if self.bits == 8:
+            return IntTensor(self.acc, self.exp)
+        acc = self.acc if self.acc.dtype == np.int16 else self.acc.astype(np.int16)
+        return IntTensor(np.take(INT8_VIEW, acc.view(np.uint16)), self.exp + 8)
 
     def gemm_view(self) -> tuple[IntTensor, np.ndarray, int]:
         """(int8 view, the same codes as float32 for the exact GEMMs, their max |code|).
 
-        For int16 master codes the view is rint(W16 * 2**-s) clipped to [-127, 127] in float32: the scaling
-        by a power of two is exact and rint rounds half to even, so it equals sat8(shift_round(W16, s, rne)).
+        For int16 master codes the view is rint(W16 * 2**-8) clipped to [-127, 127] in float32: the scaling
+        by a power of two is exact and rint rounds half to even, so it equals sat8(shift_round(W16, 8, rne)).
         """
         if self.bits == 8:
             q = self.acc
-            return IntTensor(q, self.exp), q.astype(np.float32), absmax(q)
-        am = absmax(self.acc)
-        s = view_shift(am)
-        wf = self.acc * np.float32(2.0 ** -s)
-        np.rint(wf, out=wf)
-        np.clip(wf, -127, 127, out=wf)               # the largest code may round to 128
-        return IntTensor(wf.astype(np.int8), self.exp + s), wf, int(np.max(np.abs(wf))) if wf.size else 0
+            wf = q.astype(np.float32)
+        else:
+            am = absmax(self.acc)
+            wf = self.acc * np.float32(2.0 ** -8)
+            np.rint(wf, out=wf)
+            if am > 127 * 256 + 127:                 # only codes beyond 32639 round to 128 and saturate
+                np.clip(wf, -127, 127, out=wf)
+            q = wf.astype(np.int8)
+            # rounding is monotonic, so the largest |code| is the rounded largest |W16| (rne on a tie)
+            return IntTensor(q, self.exp + 8), wf, min(127, int(np.rint(am / 256)))
+        return IntTensor(q, self.exp), wf, absmax(q)
 
     @staticmethod
     def init(shape: tuple[int, ...], fan_in: int, bits: int, rng: np.random.Generator) -> "Param":

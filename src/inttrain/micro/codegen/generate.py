@@ -100,13 +100,6 @@ class _Gen:
         if self.fwd_acc != "0":
             self.need_acc(count)
 
-    def view_shift(self, path: str, codes: str, p: Param) -> str:
-        """Emit the forward's int8-view shift of a weight (§1) into ``L<path>_ws``, which its input-gradient GEMM
-        reuses (the weights change only in the update after it); returns the variable's name."""
-        name = self.exp(f"L{path}_ws")
-        self.fwd.append(f"{name} = it_view_shift({codes}, {p.acc.size}u);")
-        return name
-
     def param(self, p: Param) -> tuple[str, str, int]:
         """(codes array, momentum array or 0, exponent) of a parameter."""
         c = self.pnames[id(p)][1]
@@ -149,19 +142,17 @@ class _Gen:
         y, ye, x, xe = nd.out, nd.out_exp, nd.inp, nd.in_exp
         if isinstance(L, Linear):
             w, _, e = self.param(L.weight)
-            ws = self.view_shift(p, w, L.weight)
             self.need_gemm_acc(B * n_out)
-            self.fwd.append(f"{ye} = it_linear_fwd({x}, {xe}, {w}, {ws}, {e} + {ws}, n, {n_in}u, {n_out}u, "
+            self.fwd.append(f"{ye} = it_linear_fwd({x}, {xe}, {w}, {e} + IT_W8_EXP_OFFSET, n, {n_in}u, {n_out}u, "
                             f"{self.fwd_acc}, {y}, {self.fmode});")
         elif isinstance(L, Conv2d):
             w, _, e = self.param(L.weight)
-            ws = self.view_shift(p, w, L.weight)
             c, h, wd = nd.in_shape
             o, oh, ow = nd.out_shape
             self.bufs.append(("", f"static const it_conv_t L{p}_cv = {{{c}u, {h}u, {wd}u, {o}u, {L.kernel_size}u, "
                                   f"{L.stride}u, {L.padding}u, {oh}u, {ow}u}};", 0))
             self.need_gemm_acc(B * n_out)
-            self.fwd.append(f"{ye} = it_conv_fwd(&L{p}_cv, {x}, {xe}, {w}, {ws}, {e} + {ws}, n, {self.fwd_acc}, "
+            self.fwd.append(f"{ye} = it_conv_fwd(&L{p}_cv, {x}, {xe}, {w}, {e} + IT_W8_EXP_OFFSET, n, {self.fwd_acc}, "
                             f"{y}, {self.fmode});")
         elif isinstance(L, ReLU):
             self.fwd.append(f"it_relu_fwd({x}, n * {n_in}u, {y}); {ye} = {xe};")
@@ -250,10 +241,10 @@ class _Gen:
                 gx, gxe = out = self._gx(nd)
                 self.need_acc(self.batch * n_in)
                 if isinstance(L, Linear):
-                    self.bwd.append(f"{gxe} = it_linear_bwd_input({g}, {ge}, {w}, L{p}_ws, {e} + L{p}_ws, n, {n_in}u, "
+                    self.bwd.append(f"{gxe} = it_linear_bwd_input({g}, {ge}, {w}, {e} + IT_W8_EXP_OFFSET, n, {n_in}u, "
                                     f"{n_out}u, it_acc, {gx}, {self.bmode});")
                 else:
-                    self.bwd.append(f"{gxe} = it_conv_bwd_input(&L{p}_cv, {g}, {ge}, {w}, L{p}_ws, {e} + L{p}_ws, n, "
+                    self.bwd.append(f"{gxe} = it_conv_bwd_input(&L{p}_cv, {g}, {ge}, {w}, {e} + IT_W8_EXP_OFFSET, n, "
                                     f"it_acc, {gx}, {self.bmode});")
             if isinstance(L, Linear):
                 self.bwd.append(f"it_linear_bwd_update({g}, {ge}, {x}, {xe}, {w}, {mom}, {e}, n, {n_in}u, {n_out}u, "

@@ -70,23 +70,6 @@ static int32_t requant_shift(uint64_t m)
     return s > 0 ? s : 0;
 }
 
-int32_t it_view_shift(const it_wcode_t *w, uint32_t n)
-{
-#if IT_WEIGHT_BITS == 16
-    uint64_t m = 0;
-    uint32_t i;
-    for (i = 0; i < n; i++) {
-        uint64_t a = w[i] < 0 ? (uint64_t)(-(int32_t)w[i]) : (uint64_t)w[i];
-        m = a > m ? a : m;
-    }
-    return requant_shift(m);
-#else
-    (void)w;
-    (void)n;
-    return 0;
-#endif
-}
-
 int32_t it_requant32(const int32_t *acc, uint32_t n, int8_t *out, int32_t exp, int mode)
 {
     uint64_t m = 0;
@@ -119,12 +102,12 @@ void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, i
     *w = (it_wcode_t)IT_CLAMP(v, -IT_WMAX, IT_WMAX);
 }
 
-static int32_t linear_dot(const int8_t *xr, const it_wcode_t *wr, int32_t ws, uint32_t in)
+static int32_t linear_dot(const int8_t *xr, const it_wcode_t *wr, uint32_t in)
 {
     uint32_t i;
     int32_t sum = 0;
     for (i = 0; i < in; i++)
-        sum += (int32_t)xr[i] * it_w8(wr[i], ws);
+        sum += (int32_t)xr[i] * it_w8(wr[i]);
     return sum;
 }
 
@@ -135,7 +118,7 @@ static int8_t requant_one(int32_t v, int32_t s, int mode)
     return (int8_t)IT_CLAMP(r, -127, 127);
 }
 
-int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t ws, int32_t we8, uint32_t n, uint32_t in,
+int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
                       uint32_t out, int32_t *acc, int8_t *y, int mode)
 {
     uint32_t b, o;
@@ -146,7 +129,7 @@ int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t 
         memset(acc, 0, sizeof(int32_t) * n * out);
         for (o = 0; o < out; o++)
             for (i = 0; i < in; i++) {
-                int32_t wv = it_w8(w[o * in + i], ws);
+                int32_t wv = it_w8(w[o * in + i]);
                 if (wv)
                     for (b = 0; b < n; b++)
                         acc[b * out + o] += x[b * in + i] * wv;
@@ -155,25 +138,25 @@ int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t 
     }
     for (b = 0; b < n; b++)
         for (o = 0; o < out; o++) {
-            int32_t v = linear_dot(x + b * in, w + o * in, ws, in);
+            int32_t v = linear_dot(x + b * in, w + o * in, in);
             uint64_t a = v < 0 ? (uint64_t)(-(int64_t)v) : (uint64_t)v;
             m = a > m ? a : m;
         }
     s = requant_shift(m);
     for (b = 0; b < n; b++)
         for (o = 0; o < out; o++)
-            y[b * out + o] = requant_one(linear_dot(x + b * in, w + o * in, ws, in), s, mode);
+            y[b * out + o] = requant_one(linear_dot(x + b * in, w + o * in, in), s, mode);
     return xe + we8 + s;
 }
 
-int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t ws, int32_t we8, uint32_t n, uint32_t in,
+int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
                             uint32_t out, int32_t *acc, int8_t *gx, int mode)
 {
     uint32_t b, o, i;
     memset(acc, 0, sizeof(int32_t) * n * in);
     for (o = 0; o < out; o++)
         for (i = 0; i < in; i++) {
-            int32_t wv = it_w8(w[o * in + i], ws);
+            int32_t wv = it_w8(w[o * in + i]);
             if (wv)
                 for (b = 0; b < n; b++)
                     acc[b * in + i] += g[b * out + o] * wv;
@@ -202,7 +185,7 @@ static int32_t conv_src(uint32_t o, uint32_t i, uint32_t s, uint32_t p, uint32_t
     return (v < 0 || v >= (int32_t)len) ? -1 : v;
 }
 
-static int32_t conv_dot(const it_conv_t *cv, const int8_t *x, const it_wcode_t *w, int32_t ws, uint32_t b, uint32_t o,
+static int32_t conv_dot(const it_conv_t *cv, const int8_t *x, const it_wcode_t *w, uint32_t b, uint32_t o,
                         uint32_t a, uint32_t d)
 {
     uint32_t c, i, j, k = cv->k;
@@ -217,7 +200,7 @@ static int32_t conv_dot(const it_conv_t *cv, const int8_t *x, const it_wcode_t *
             for (j = 0; j < k; j++) {
                 int32_t ww = conv_src(d, j, cv->s, cv->p, cv->w);
                 if (ww >= 0)
-                    sum += (int32_t)xp[hh * cv->w + ww] * it_w8(wp[i * k + j], ws);
+                    sum += (int32_t)xp[hh * cv->w + ww] * it_w8(wp[i * k + j]);
             }
         }
     }
@@ -227,8 +210,7 @@ static int32_t conv_dot(const it_conv_t *cv, const int8_t *x, const it_wcode_t *
 /* Weight-stationary convolution sums, one int8 weight view per weight: forward (input_grad = 0) adds
  * x[b, c, hh, ww] * w8[o, c, i, j] into acc[b, o, a, d]; input_grad = 1 adds g[b, o, a, d] * w8[o, c, i, j] into
  * acc[b, c, hh, ww] (col2im), with hh = a*s + i - p, ww = d*s + j - p inside the image. acc is zeroed by the caller. */
-static void conv_scatter(const it_conv_t *cv, const int8_t *src, const it_wcode_t *w, int32_t ws, uint32_t n,
-                         int32_t *acc,
+static void conv_scatter(const it_conv_t *cv, const int8_t *src, const it_wcode_t *w, uint32_t n, int32_t *acc,
                          int input_grad)
 {
     uint32_t b, o, c, i, j, a, d, k = cv->k, hw = cv->h * cv->w, ohw = cv->oh * cv->ow;
@@ -236,7 +218,7 @@ static void conv_scatter(const it_conv_t *cv, const int8_t *src, const it_wcode_
         for (c = 0; c < cv->c; c++)
             for (i = 0; i < k; i++)
                 for (j = 0; j < k; j++) {
-                    int32_t wv = it_w8(w[((o * cv->c + c) * k + i) * k + j], ws);
+                    int32_t wv = it_w8(w[((o * cv->c + c) * k + i) * k + j]);
                     if (!wv)
                         continue;
                     for (b = 0; b < n; b++) {
@@ -259,7 +241,7 @@ static void conv_scatter(const it_conv_t *cv, const int8_t *src, const it_wcode_
                 }
 }
 
-int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t ws, int32_t we8, uint32_t n,
+int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
                     int32_t *acc, int8_t *y, int mode)
 {
     uint32_t b, o, a, d, at = 0, len = n * cv->o * cv->oh * cv->ow;
@@ -267,7 +249,7 @@ int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_w
     int32_t s = 0, pass;
     if (acc) {
         memset(acc, 0, sizeof(int32_t) * len);
-        conv_scatter(cv, x, w, ws, n, acc, 0);
+        conv_scatter(cv, x, w, n, acc, 0);
         return it_requant32(acc, len, y, xe + we8, mode);
     }
     for (pass = 0; pass < 2; pass++, at = 0) {   /* no acc: pass 0 max |A|, pass 1 recompute */
@@ -275,7 +257,7 @@ int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_w
             for (o = 0; o < cv->o; o++)
                 for (a = 0; a < cv->oh; a++)
                     for (d = 0; d < cv->ow; d++, at++) {
-                        int32_t v = conv_dot(cv, x, w, ws, b, o, a, d);
+                        int32_t v = conv_dot(cv, x, w, b, o, a, d);
                         uint64_t av = v < 0 ? (uint64_t)(-(int64_t)v) : (uint64_t)v;
                         if (pass == 0)
                             m = av > m ? av : m;
@@ -288,11 +270,11 @@ int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_w
     return xe + we8 + s;
 }
 
-int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t ws, int32_t we8,
+int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8,
                           uint32_t n, int32_t *acc, int8_t *gx, int mode)
 {
     memset(acc, 0, sizeof(int32_t) * n * cv->c * cv->h * cv->w);
-    conv_scatter(cv, g, w, ws, n, acc, 1);
+    conv_scatter(cv, g, w, n, acc, 1);
     return it_requant32(acc, n * cv->c * cv->h * cv->w, gx, ge + we8, mode);
 }
 
@@ -442,12 +424,11 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode
                   int mode)
 {
     uint32_t c, b, j, hw = bn->hw, m_count = n * hw;
-    int32_t sg = it_view_shift(gamma, bn->c), sb = it_view_shift(beta, bn->c);
-    int32_t eg8 = gexp + sg, eb8 = bexp + sb, eo = eg8 - 7, s;
+    int32_t eg8 = gexp + IT_W8_EXP_OFFSET, eb8 = bexp + IT_W8_EXP_OFFSET, eo = eg8 - 7, s;
     uint64_t amax = 0;
     for (c = 0; c < bn->c; c++) {               /* pass 1: statistics, Xh, max |A| */
         int64_t sum = 0, mu, bal, inv;
-        int32_t mn = 127, mx = -127, g8 = it_w8(gamma[c], sg);
+        int32_t mn = 127, mx = -127, g8 = it_w8(gamma[c]);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 int32_t v = x[(b * bn->c + c) * hw + j];
@@ -459,7 +440,7 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode
         range[c] = (uint8_t)(mx > mn ? mx - mn : 0);  /* <= 254: int8 inputs */
         live[c] = mx > mn;
         inv = range_reciprocal(range[c], 23);
-        bal = it_shift(it_w8(beta[c], sb), eo - eb8, mode);
+        bal = it_shift(it_w8(beta[c]), eo - eb8, mode);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 uint32_t at = (b * bn->c + c) * hw + j;
@@ -472,8 +453,8 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode
     }
     s = requant_shift(amax);
     for (c = 0; c < bn->c; c++) {               /* pass 2: y = R_f(A) (recomputed: no int64 buffer) */
-        int64_t bal = it_shift(it_w8(beta[c], sb), eo - eb8, mode);
-        int32_t g8 = it_w8(gamma[c], sg);
+        int64_t bal = it_shift(it_w8(beta[c]), eo - eb8, mode);
+        int32_t g8 = it_w8(gamma[c]);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 uint32_t at = (b * bn->c + c) * hw + j;
@@ -490,7 +471,7 @@ int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, ui
                   int bwd_mode, int upd_mode, int32_t mshift)
 {
     uint32_t c, b, j, hw = bn->hw, m_count = n * hw;
-    int32_t kmin = 0, any = 0, sg = it_view_shift(gamma, bn->c);  /* gamma's view before its update, as forward */
+    int32_t kmin = 0, any = 0;
     for (c = 0; c < bn->c; c++)
         if (live[c] && (!any || it_bitlen(range[c]) < kmin)) {
             kmin = it_bitlen(range[c]);
@@ -511,7 +492,7 @@ int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, ui
             /* projection of G on Xh: rdiv(sum(G Xh) 2^14, sum(Xh^2)), capped to 2^21 / max|Xh| (spec §4.2) */
             int64_t mb = it_rdiv(dbeta * 128, m_count), pg = it_rdiv(dgamma * 16384, sxx > 0 ? sxx : 1);
             int64_t cap = ((int64_t)1 << 21) / (amx > 0 ? amx : 1);
-            int32_t g8 = it_w8(gamma[c], sg);
+            int32_t g8 = it_w8(gamma[c]);
             int64_t f = range_reciprocal(range[c], kmin + 15);    /* 2**(kmin - 1) / r <= 1 in Q16 */
             pg = pg > cap ? cap : (pg < -cap ? -cap : pg);
             for (b = 0; b < n; b++)
@@ -526,7 +507,7 @@ int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, ui
     }
     if (!gx)
         return 0;
-    return it_requant32(acc, m_count * bn->c, gx, ge - 14 + gexp + sg - xe - kmin + 1, bwd_mode);
+    return it_requant32(acc, m_count * bn->c, gx, ge - 14 + gexp + IT_W8_EXP_OFFSET - xe - kmin + 1, bwd_mode);
 }
 
 static const int32_t EXP2_LUT[256] = {     /* round(2**(i/256) * 2**15), §6; sum 12085828 */

@@ -12,9 +12,11 @@
 #if IT_WEIGHT_BITS == 16
 typedef int16_t it_wcode_t;
 #define IT_WMAX 32767
+#define IT_W8_EXP_OFFSET 8      /* the int8 view sat8(rne(W16 >> 8)) sits 8 exponent steps higher */
 #else
 typedef int8_t it_wcode_t;
 #define IT_WMAX 127
+#define IT_W8_EXP_OFFSET 0
 #endif
 
 enum { IT_RNE = 0, IT_PSTOCH = 1, IT_FLOOR = 2 };
@@ -29,25 +31,15 @@ int64_t it_shift(int64_t x, int32_t s, int mode);
 /* round(a / m), halves up, with floor division (m >= 1): (a + m / 2) // m. */
 int64_t it_rdiv(int64_t a, int64_t m);
 int32_t it_bitlen(uint64_t v);
-/* the int8 view's shift of a weight tensor of n master codes (§1): max(0, bitlen(max |W16|) - 7); 0 for int8 codes */
-int32_t it_view_shift(const it_wcode_t *w, uint32_t n);
-/* the int8 weight view of one master code (§1): sat8(shift_round(W16, s, rne)) with the tensor's shift s, or the
- * int8 code itself */
-static inline int8_t it_w8(it_wcode_t w, int32_t s)
+/* the int8 weight view of one master code (§1): sat8(shift_round(W16, 8, rne)), or the int8 code itself */
+static inline int8_t it_w8(it_wcode_t w)
 {
 #if IT_WEIGHT_BITS == 16
-    int32_t u = (int32_t)w + 32768, q, r, half;  /* 0..65535: plain shifts of a non-negative value */
-    if (s <= 0)
-        q = w;
-    else {
-        q = (u >> s) - (32768 >> s);             /* floor(w / 2**s): 32768 is a multiple of 2**s (s <= 15) */
-        r = u & ((1 << s) - 1);
-        half = 1 << (s - 1);
-        q += (r > half) || (r == half && (q & 1));
-    }
+    int32_t u = (int32_t)w + 32768;              /* 0..65535: plain shifts of a non-negative value */
+    int32_t q = (u >> 8) - 128, r = u & 255;
+    q += (r > 128) || (r == 128 && (q & 1));
     return (int8_t)(q > 127 ? 127 : (q < -127 ? -127 : q));
 #else
-    (void)s;
     return w;
 #endif
 }
@@ -61,18 +53,18 @@ void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, i
 
 /* Linear (§4): x (n, in), W (out, in) -> y (n, out); returns y's exponent. The forwards take acc == NULL to
  * recompute each dot product in a second pass instead of holding the int32 accumulators (less RAM, 2x MACs). */
-int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t ws, int32_t we8, uint32_t n, uint32_t in,
+int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
                       uint32_t out, int32_t *acc, int8_t *y, int mode);
-int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t ws, int32_t we8, uint32_t n, uint32_t in,
+int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
                             uint32_t out, int32_t *acc, int8_t *gx, int mode);
 void it_linear_bwd_update(const int8_t *g, int32_t ge, const int8_t *x, int32_t xe, it_wcode_t *w, int32_t *mom,
                           int32_t wexp, uint32_t n, uint32_t in, uint32_t out, int32_t lr_shift, int mode, int32_t mshift);
 
 /* Conv2d (§4): square kernel k, stride s, zero padding p; x (n, c, h, w) -> y (n, o, oh, ow) */
 typedef struct { uint32_t c, h, w, o, k, s, p, oh, ow; } it_conv_t;
-int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t ws, int32_t we8, uint32_t n,
+int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
                     int32_t *acc, int8_t *y, int mode);
-int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t ws, int32_t we8,
+int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8,
                           uint32_t n, int32_t *acc, int8_t *gx, int mode);
 void it_conv_bwd_update(const it_conv_t *cv, const int8_t *g, int32_t ge, const int8_t *x, int32_t xe, it_wcode_t *w,
                         int32_t *mom, int32_t wexp, uint32_t n, int32_t lr_shift, int mode, int32_t mshift);
