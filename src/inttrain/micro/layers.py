@@ -597,8 +597,8 @@ def projection_coefficient(dgamma: np.ndarray, xh: np.ndarray, ops: type = Numpy
     """pg = rdiv(sum(G Xh) * 2**14, sum(Xh^2)) per channel, capped to |pg| <= PROJ_CAP // max|Xh| (docs §4.2).
 
     Xh * pg (at eg - 14) is the projection of the error on the normalized input. Float batch norm subtracts
-    Xh * mean(G Xh) for a unit-variance Xh; this Xh = 128 D / r (in units of 2**-7) has a variance of ~1/144, so the projection is
-    divided by sum(Xh^2) instead of M. The cap (rarely reached: only when Xh is concentrated on a few values)
+    Xh * mean(G Xh) for a unit-variance Xh; this Xh = 128 D / r (in units of 2**-7) has a variance of ~1/144,
+    so the projection is divided by sum(Xh^2) instead of M. The cap (rarely reached: only when Xh is concentrated on a few values)
     keeps every term of the input gradient within int32."""
     sxx = ops.sum(xh * xh, 1)
     pg = ops.rdiv(ops.wide(dgamma) << 14, ops.clip(sxx, 1, None))
