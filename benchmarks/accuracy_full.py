@@ -33,8 +33,10 @@ its weight-gradient GEMM rounded stochastically by default: nearest rounding in 
 (the first and last layer in float32), ``unified-int8``,
 ``sbm``, ``wageubn``, ``dorefa-8`` (k = 8 on every converted layer: a k-bit DoReFa value is a 9-bit GEMM code,
 which the convolutions take as two exact int8 halves), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
-cycles, gradients 8 bits) and ``integer-only`` (its own engine, ``inttrain.recipes.integer_only``: a model
-``convert`` cannot take is recorded as ``skipped`` with the converter's reason).
+cycles, gradients 8 bits) and ``integer-only`` (its own engine: the seeded float model converted by
+``inttrain.recipes.integer_only.convert``, trained by ``python -m inttrain.micro train`` with its defaults, this
+budget and crop-flip; see :func:`run_integer_only_job`; a model ``convert`` cannot take is recorded as ``skipped``
+with the converter's reason).
 """
 
 from __future__ import annotations
@@ -252,7 +254,7 @@ def job_state(args: argparse.Namespace, job: tuple[str, int], done: dict) -> str
     with claim(args, job) as free:
         running = not free
     folder = args.runs / job_name(*job)
-    epochs = [r for r in _metrics(folder) if r.get("kind") == "epoch"]
+    epochs = [r for r in _metrics(folder) if r.get("kind") == "epoch"] or _micro_history(folder)
     where = f"{len(epochs)}/{args.epochs} epochs" if epochs else "not started"
     return ("running, " if running else "pending, ") + where
 
@@ -319,17 +321,93 @@ def load_splits(args: argparse.Namespace) -> Any:
     return split("cifar10", args.data, args.train_size, args.val_size, args.split_seed)
 
 
+#: The integer-only engine's input codes: CIFAR-normalized pixels at exponent -5 (codes +-127 = +-3.97 std).
+INTEGER_ONLY_X_EXP = -5
+
+
+def integer_only_model(args: argparse.Namespace, splits: Any, seed: int) -> Any:
+    """The integer-only model of ``args.model`` at seed ``seed``: the same float initial weights as every other
+    variant's seed ``seed`` (``torch.manual_seed(seed)`` before ``build_model``), converted to integer codes.  The
+    engine has no biases (docs/integer-training.md §4), so the classifier's bias is dropped."""
+    from inttrain.models import build_model
+    from inttrain.recipes.integer_only import IntegerOnlyConfig, convert
+
+    torch.manual_seed(seed)
+    model = build_model(args.model, splits.num_classes, splits.in_channels, splits.image_size)
+    return convert(model, IntegerOnlyConfig(drop_bias=True),
+                   input_shape=[splits.in_channels, splits.image_size, splits.image_size])
+
+
 def integer_only_reason(args: argparse.Namespace, splits: Any) -> str:
     """Why the integer-only engine cannot train this model (``""``: it can)."""
-    from inttrain.models import build_model
-    from inttrain.recipes.integer_only import convert
-
-    model = build_model(args.model, splits.num_classes, splits.in_channels, splits.image_size)
     try:
-        convert(model, input_shape=[splits.in_channels, splits.image_size, splits.image_size])
+        integer_only_model(args, splits, 0)
     except (TypeError, ValueError) as e:
         return f"inttrain.recipes.integer_only.convert cannot take {args.model}: {e}"
     return ""
+
+
+def _codes_npz(path: Path, dataset: Any) -> None:
+    """A micro DATA.npz of ``dataset``'s (normalized float) images: int8 codes at INTEGER_ONLY_X_EXP."""
+    import numpy as np
+
+    x, y = dataset.tensors
+    codes = torch.clamp(torch.round(x.float() * 2.0 ** -INTEGER_ONLY_X_EXP), -127, 127).to(torch.int8)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, x=codes.numpy(), x_exp=np.int64(INTEGER_ONLY_X_EXP), y=y.numpy().astype(np.int64))
+    os.replace(tmp, path)
+
+
+def _micro_history(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "micro" / "checkpoint.json"
+    return json.loads(path.read_text()).get("history", []) if path.is_file() else []
+
+
+def run_integer_only_job(args: argparse.Namespace, seed: int, splits: Any, base: dict[str, Any]) -> int:
+    """Train (or resume) an integer-only job with the device engine's CLI, ``python -m inttrain.micro train``
+    (bit-exact with the torch engine :mod:`inttrain.integer_only`; an atomic checkpoint after every epoch, resumed
+    bit for bit), with its documented defaults (norm step rule, cosine schedule with a quarter-epoch warm-up,
+    rounding rne/rne/pstoch, no momentum or decay) and this benchmark's epochs, batch size and crop-flip."""
+    from inttrain.micro.__main__ import main as micro_main
+
+    name = job_name("integer-only", seed)
+    folder = args.runs / name
+    run_dir = folder / "micro"
+    started = time.time()
+    resumed = (run_dir / "checkpoint.json").is_file()
+    if resumed:
+        code = micro_main(["train", "--resume", str(run_dir), "--log-every", "25"])
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        _codes_npz(folder / "train.npz", splits.train)
+        _codes_npz(folder / "val.npz", splits.val)
+        init = folder / "init"
+        if init.exists():
+            shutil.rmtree(init)
+        integer_only_model(args, splits, seed).save(init)
+        code = micro_main(["train", str(init), str(folder / "train.npz"), "--val", str(folder / "val.npz"),
+                           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--seed", str(seed),
+                           "--augment", "crop-flip" if args.augment == "crop-flip" else "none",
+                           "--out", str(run_dir), "--log-every", "25", "--force"])
+    history = _micro_history(folder)
+    if code != 0 or len(history) < args.epochs:
+        return code or 1
+    append_row(args.out, {
+        **base, "status": "done", "recipe": "integer-only", "engine": "inttrain.micro",
+        "config": json.loads((run_dir / "checkpoint.json").read_text())["settings"],
+        "knobs_missing": list(KNOB_NAMES),  # its own integer SGD: none of the float optimizer's knobs apply
+        "final_val_accuracy": history[-1]["val_acc"], "best_val_accuracy": max(r["val_acc"] for r in history),
+        "final_val_loss": None, "final_train_loss": history[-1]["loss"],
+        "val_accuracies": [r["val_acc"] for r in history], "val_losses": [],
+        "train_losses": [r["loss"] for r in history], "gbitops": None,
+        "steps": args.epochs * -(-len(splits.train) // args.batch_size), "skipped_steps": 0,
+        "seconds_per_epoch": statistics.mean(r["seconds"] for r in history),
+        "time_per_step": None, "seconds_last_leg": round(time.time() - started, 1), "resumed": resumed,
+        "saturated": history[-1].get("saturated"),
+        "cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })
+    return 0
 
 
 def run_job(args: argparse.Namespace, variant: str, seed: int, splits: Any) -> int:
@@ -337,8 +415,9 @@ def run_job(args: argparse.Namespace, variant: str, seed: int, splits: Any) -> i
     name = job_name(variant, seed)
     base = {"variant": variant, "seed": seed, "settings": settings(args)}
     if variant == "integer-only":
-        reason = integer_only_reason(args, splits) or (
-            f"{args.model} converts, but this benchmark has no integer-only training loop yet")
+        reason = integer_only_reason(args, splits)
+        if not reason:
+            return run_integer_only_job(args, seed, splits, base)
         append_row(args.out, {**base, "status": "skipped", "reason": reason})
         print(f"== {name}: skipped: {reason}", flush=True)
         return 0

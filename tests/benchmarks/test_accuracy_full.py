@@ -66,7 +66,11 @@ def test_end_to_end_rows_list_and_report(bench, tmp_path: Path, capsys) -> None:
     assert bench.main(common) == 0
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["variant"], r["seed"], r["status"]) for r in rows] == [
-        ("fp32", 0, "done"), ("int8", 0, "done"), ("integer-only", 0, "skipped")]
+        ("fp32", 0, "done"), ("int8", 0, "done"), ("integer-only", 0, "done")]
+    # integer-only trains on the device engine (from the seeded float initial weights), crop-flip included
+    io = rows[2]
+    assert io["engine"] == "inttrain.micro" and io["config"]["augment"] == "crop-flip" and io["steps"] == 2
+    assert len(io["val_accuracies"]) == 1 and 0.0 <= io["final_val_accuracy"] <= 1.0 and io["saturated"] == 0
     assert all(len(r["val_accuracies"]) == 1 and r["steps"] == 2 for r in rows[:2])
     assert rows[1]["gbitops"] > 0 and rows[0]["gbitops"] is None  # BitOPs are counted for integer layers only
     assert (out / "runs" / "int8-s0" / "checkpoints" / "last.state.pt").is_file()
@@ -76,7 +80,7 @@ def test_end_to_end_rows_list_and_report(bench, tmp_path: Path, capsys) -> None:
     capsys.readouterr()
     bench.main([*common, "--list"])
     listed = capsys.readouterr().out.splitlines()
-    assert listed[0].split()[:2] == ["fp32-s0", "done:"] and listed[2].split()[:2] == ["integer-only-s0", "skipped:"]
+    assert listed[0].split()[:2] == ["fp32-s0", "done:"] and listed[2].split()[:2] == ["integer-only-s0", "done:"]
     bench.main(["--out", str(out), "--report"])
     md = (out / "accuracy_full.md").read_text()
     gap = 100 * (rows[1]["final_val_accuracy"] - rows[0]["final_val_accuracy"])

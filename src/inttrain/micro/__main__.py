@@ -48,7 +48,7 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 #: options are parsed with None so that ``--resume`` can tell which ones were given.
 TRAIN_DEFAULTS = {"epochs": 10, "batch_size": 32, "lr_mode": "norm", "lr_bits": 10, "lr_shift": 8,
                   "momentum_shift": None, "decay_shift": None, "schedule": "cosine", "warmup_epochs": 0.25,
-                  "step_every": None, "adapt_exp": True, "seed": 0}
+                  "step_every": None, "adapt_exp": True, "seed": 0, "augment": "none"}
 ROUNDING_OPTS = ("forward_rounding", "backward_rounding", "update_rounding")
 _EXAMPLES = {
     "train": "example:\n  python -m inttrain.micro train lenet5.json mnist_train.npz --val mnist_val.npz --epochs 15 "
@@ -68,6 +68,7 @@ def _default(key: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .augment import AUGMENTS
     from .convert import RULE
     from .ops import ROUNDING_MODES
     from .optim import LR_MODES, SCHEDULES
@@ -106,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"{o.split('_')[0]} shift rounding (default: the model's; descriptions default to "
                             f"forward rne, backward rne, update pstoch)")
     t.add_argument("--seed", type=int, help=f"data shuffling seed (epoch e uses SEED + e) {_default('seed')}")
+    t.add_argument("--augment", choices=AUGMENTS, help="crop-flip: each training image randomly cropped from its "
+                   f"4-pixel zero-padded copy and mirrored with probability 1/2 (image models) {_default('augment')}")
     t.add_argument("--val", default=None, help="validation DATA.npz evaluated after each epoch (default: none)")
     t.add_argument("--keep-best", action="store_true", default=None,
                    help="save the epoch with the best validation accuracy (needs --val); model.json info says which")

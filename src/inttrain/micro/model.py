@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .augment import augment_batch
 from .errors import MicroFormatError
 from .io import read_json, read_npz, read_safetensors, write_safetensors
 from .layers import (BN_MAX_COUNT, MAX_K, MAX_POOL_WINDOW, AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Residual,
@@ -351,12 +352,13 @@ class EpochState:
 
 def run_epoch(model: Sequential, opt, x: np.ndarray, x_exp: int, y: np.ndarray, batch_size: int, seed: int,
               state: EpochState | None = None, log=None, log_every: int = 0, schedule=None, global_step: int = 0,
-              stop=None) -> EpochState:
+              stop=None, augment: str | None = None) -> EpochState:
     """The steps of one epoch (order ``default_rng(seed).permutation``) from ``state.step`` on.
 
     ``global_step``: the run's step count at this epoch's first step (for ``schedule``); ``stop()``: checked
     after every step, True ends the epoch early (``state.done`` stays False and ``state.step`` says where to
-    continue)."""
+    continue).  ``augment``: ``"crop-flip"`` augments each batch (:mod:`inttrain.micro.augment`; draws from
+    ``(seed, step)``, so a resumed epoch sees the same images)."""
     _check_input(model, x, x_exp)
     model.check_batch(batch_size)
     st = state if state is not None else EpochState()
@@ -367,7 +369,7 @@ def run_epoch(model: Sequential, opt, x: np.ndarray, x_exp: int, y: np.ndarray, 
         idx = order[starts[step]:starts[step] + batch_size]
         if schedule is not None:
             opt.multiplier = schedule.multiplier(global_step + step)
-        logits = model.forward(IntTensor(x[idx], x_exp))
+        logits = model.forward(IntTensor(augment_batch(x[idx], augment, seed, step), x_exp))
         err, _ = softmax_cross_entropy_grad(logits, y[idx])
         model.backward(err)
         opt.step()

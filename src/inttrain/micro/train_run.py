@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .augment import check_augment
 from .checkpoint import load_run, save_run
 from .errors import MicroFormatError
 from .io import read_json
@@ -116,6 +117,8 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
     if val is not None:
         check_input(model, val[0], s["val"])
     model.check_batch(s["batch_size"])
+    augment = s.get("augment")                               # runs saved before --augment existed have none
+    check_augment(augment, model.desc["input_shape"])
     fp = _fingerprint(x, y)
     if args.resume and state.get("data_crc32") not in (None, fp):
         raise MicroFormatError(f"{s['data']}: its contents changed since the checkpoint (crc32 {fp} != "
@@ -133,6 +136,7 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
     print(f"train: {len(x)} samples, {sum(p.acc.size for p in model.params())} weights, "
           f"{model.desc['weight_bits']}-bit weight accumulators, {s['lr_mode']} rule ({rule}), {s['schedule']} "
           f"schedule, {spe} steps/epoch, rounding {'/'.join(model.desc['rounding'].values())}"
+          + (f", augment {augment}" if augment not in (None, "none") else "")
           + (f"; resuming at epoch {state['epoch'] + 1} step {state['position']['step']}" if args.resume else ""),
           flush=True)
     t_start = time.perf_counter()
@@ -147,7 +151,7 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
         step0 = pos.step
         pos = run_epoch(model, opt, x, x_exp, y, s["batch_size"], s["seed"] + ep, pos,
                         log=lambda line: print(line, flush=True), log_every=args.log_every, schedule=sched,
-                        global_step=ep * spe, stop=stop)
+                        global_step=ep * spe, stop=stop, augment=augment)
         steps_here += pos.step - step0
         state["epoch_seconds"] += time.perf_counter() - t0
         state["global_step"] = ep * spe + pos.step

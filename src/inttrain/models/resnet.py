@@ -33,6 +33,13 @@ class BasicBlock(nn.Module):
         # A module (not F.relu), so that prepare_ can give compiled graphs its int8-mask ReLU.
         self.relu = nn.ReLU()
 
+    def residual_parts(self) -> tuple[list[nn.Module], list[nn.Module], list[nn.Module]]:
+        """(block, shortcut, after): ``forward(x) = after(block(x) + shortcut(x))``, each a list of modules run in
+        order (an empty shortcut is the identity).  Converters that rebuild the block read it from here
+        (``inttrain.recipes.integer_only.convert``)."""
+        shortcut = list(self.shortcut) if isinstance(self.shortcut, nn.Sequential) else []
+        return [self.conv1, self.bn1, self.relu, self.conv2, self.bn2], shortcut, [self.relu]
+
     def forward(self, x: Tensor) -> Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
@@ -69,6 +76,12 @@ class CifarResNet(nn.Module):
             elif isinstance(m, nn.BatchNorm2d):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+
+    def as_sequential(self) -> nn.Sequential:
+        """The same modules (shared, not copied) as one ``nn.Sequential`` that computes ``forward``: stem, the
+        basic blocks, global pooling, flatten, classifier."""
+        return nn.Sequential(self.conv1, self.bn1, self.relu, *self.layer1, *self.layer2, *self.layer3, self.pool,
+                             nn.Flatten(), self.fc)
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.relu(self.bn1(self.conv1(x)))

@@ -31,5 +31,9 @@ class SmallCNN(nn.Module):
         side = image_size // 2
         self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(32 * side * side, num_classes))
 
+    def as_sequential(self) -> nn.Sequential:
+        """The same modules (shared) as one ``nn.Sequential`` that computes ``forward``."""
+        return nn.Sequential(*self.features, *self.classifier)
+
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(self.features(x))

@@ -119,58 +119,87 @@ def _pair(v, what: str) -> int:
     return int(v)
 
 
-def describe(model: nn.Sequential, config: IntegerOnlyConfig, input_shape) -> tuple[dict, list]:
-    """The micro model description of ``model`` and, per layer, its float tensors to convert."""
+def layers_in_order(model: nn.Module) -> list[nn.Module]:
+    """``model``'s layers in execution order: a ``Sequential``'s children (nested ones flattened); a model that
+    declares ``as_sequential()`` (``inttrain.models``' CIFAR ResNets) is read through it."""
+    if not isinstance(model, nn.Sequential) and callable(getattr(model, "as_sequential", None)):
+        model = model.as_sequential()
+    if not isinstance(model, nn.Sequential):
+        raise TypeError("convert expects a torch.nn.Sequential (or a model with as_sequential(), such as "
+                        "inttrain.models' resnet20)")
+    out: list[nn.Module] = []
+    for mod in model:
+        out.extend(layers_in_order(mod) if isinstance(mod, nn.Sequential) else [mod])
+    return out
+
+
+def _describe_layers(mods: list[nn.Module], config: IntegerOnlyConfig, where: str) -> tuple[list, list]:
+    """Micro layer specs of ``mods`` and, per spec, the float tensors to convert (``{"residual": (block, shortcut)}``
+    for a residual block)."""
     layers, tensors = [], []
-    for i, mod in enumerate(model):
-        where = f"layer {i} ({type(mod).__name__})"
-        bias = getattr(mod, "bias", None)
-        if isinstance(mod, (nn.Linear, nn.Conv2d)) and bias is not None and not config.drop_bias:
-            if bool((bias.detach() != 0).any()):
-                raise ValueError(f"{where}: has a non-zero bias; build it with bias=False or set drop_bias=True")
-        if isinstance(mod, nn.Linear):
-            layers.append({"type": "linear", "in_features": mod.in_features, "out_features": mod.out_features})
-            tensors.append({"weight": mod.weight})
-        elif isinstance(mod, nn.Conv2d):
-            if mod.groups != 1 or _pair(mod.dilation, "dilation") != 1 or mod.padding_mode != "zeros":
-                raise ValueError(f"{where}: only groups=1, dilation=1, zero padding are supported")
-            if isinstance(mod.padding, str):
-                raise ValueError(f"{where}: give padding as an integer")
-            layers.append({"type": "conv2d", "in_channels": mod.in_channels, "out_channels": mod.out_channels,
-                           "kernel_size": _pair(mod.kernel_size, "kernel_size"), "stride": _pair(mod.stride, "stride"),
-                           "padding": _pair(mod.padding, "padding")})
-            tensors.append({"weight": mod.weight})
-        elif isinstance(mod, nn.ReLU):
-            layers.append({"type": "relu"})
-            tensors.append({})
-        elif isinstance(mod, nn.MaxPool2d):
-            k = _pair(mod.kernel_size, "kernel_size")
-            s = k if mod.stride is None else _pair(mod.stride, "stride")
-            if s != k or _pair(mod.padding, "padding") != 0 or _pair(mod.dilation, "dilation") != 1 or mod.ceil_mode:
-                raise ValueError(f"{where}: only non-overlapping pools (stride = kernel, no padding, floor) are supported")
-            layers.append({"type": "maxpool2d", "kernel_size": k})
-            tensors.append({})
-        elif isinstance(mod, nn.AvgPool2d):
-            k = _pair(mod.kernel_size, "kernel_size")
-            s = k if mod.stride is None else _pair(mod.stride, "stride")
-            if s != k or _pair(mod.padding, "padding") != 0 or mod.ceil_mode or mod.divisor_override is not None:
-                raise ValueError(f"{where}: only non-overlapping pools (stride = kernel, no padding, floor) are supported")
-            layers.append({"type": "avgpool2d", "kernel_size": k})
-            tensors.append({})
-        elif isinstance(mod, nn.AdaptiveAvgPool2d):
-            size = mod.output_size if isinstance(mod.output_size, tuple) else (mod.output_size,)
-            if any(v != 1 for v in size):
-                raise ValueError(f"{where}: only AdaptiveAvgPool2d(1) (global average pooling) is supported")
-            layers.append({"type": "globalavgpool2d"})
-            tensors.append({})
-        elif isinstance(mod, nn.Flatten):
-            if mod.start_dim != 1 or mod.end_dim != -1:
-                raise ValueError(f"{where}: only Flatten(start_dim=1, end_dim=-1) is supported")
-            layers.append({"type": "flatten"})
-            tensors.append({})
-        else:
-            raise ValueError(f"{where}: unsupported module; allowed: Linear, Conv2d, ReLU, MaxPool2d, AvgPool2d, "
-                             "AdaptiveAvgPool2d(1), Flatten")
+    for i, mod in enumerate(mods):
+        w = f"{where}{i} ({type(mod).__name__})"
+        if callable(getattr(mod, "residual_parts", None)):  # y = after(block(x) + shortcut(x)), e.g. BasicBlock
+            block, shortcut, after = mod.residual_parts()
+            lb, tb = _describe_layers(block, config, f"{w} block layer ")
+            ls, ts = _describe_layers(shortcut, config, f"{w} shortcut layer ")
+            la, ta = _describe_layers(after, config, f"{w} output layer ")
+            layers += [{"type": "residual", "layers": lb, "shortcut": ls}, *la]
+            tensors += [{"residual": (tb, ts)}, *ta]
+            continue
+        spec, ts = _describe_one(mod, config, w)
+        layers.append(spec)
+        tensors.append(ts)
+    return layers, tensors
+
+
+def _describe_one(mod: nn.Module, config: IntegerOnlyConfig, where: str) -> tuple[dict, dict]:
+    bias = getattr(mod, "bias", None)
+    if isinstance(mod, (nn.Linear, nn.Conv2d)) and bias is not None and not config.drop_bias:
+        if bool((bias.detach() != 0).any()):
+            raise ValueError(f"{where}: has a non-zero bias; build it with bias=False or set drop_bias=True")
+    if isinstance(mod, nn.Linear):
+        return {"type": "linear", "in_features": mod.in_features, "out_features": mod.out_features}, {"weight": mod.weight}
+    if isinstance(mod, nn.Conv2d):
+        if mod.groups != 1 or _pair(mod.dilation, "dilation") != 1 or mod.padding_mode != "zeros":
+            raise ValueError(f"{where}: only groups=1, dilation=1, zero padding are supported")
+        if isinstance(mod.padding, str):
+            raise ValueError(f"{where}: give padding as an integer")
+        return ({"type": "conv2d", "in_channels": mod.in_channels, "out_channels": mod.out_channels,
+                 "kernel_size": _pair(mod.kernel_size, "kernel_size"), "stride": _pair(mod.stride, "stride"),
+                 "padding": _pair(mod.padding, "padding")}, {"weight": mod.weight})
+    if isinstance(mod, nn.BatchNorm2d):
+        # the integer batch norm (docs §4.2) starts at gamma = 1, beta = 0, as torch's does; other values
+        # (a trained model) would be silently dropped, so they are refused
+        if mod.affine and bool((mod.weight.detach() != 1).any() or (mod.bias.detach() != 0).any()):
+            raise ValueError(f"{where}: only an untrained batch norm (weight 1, bias 0) converts")
+        return {"type": "batchnorm", "num_features": mod.num_features}, {}
+    if isinstance(mod, nn.ReLU):
+        return {"type": "relu"}, {}
+    if isinstance(mod, (nn.MaxPool2d, nn.AvgPool2d)):
+        k = _pair(mod.kernel_size, "kernel_size")
+        s = k if mod.stride is None else _pair(mod.stride, "stride")
+        odd = mod.ceil_mode or _pair(mod.padding, "padding") != 0 or (
+            _pair(mod.dilation, "dilation") != 1 if isinstance(mod, nn.MaxPool2d) else mod.divisor_override is not None)
+        if s != k or odd:
+            raise ValueError(f"{where}: only non-overlapping pools (stride = kernel, no padding, floor) are supported")
+        return {"type": "maxpool2d" if isinstance(mod, nn.MaxPool2d) else "avgpool2d", "kernel_size": k}, {}
+    if isinstance(mod, nn.AdaptiveAvgPool2d):
+        size = mod.output_size if isinstance(mod.output_size, tuple) else (mod.output_size,)
+        if any(v != 1 for v in size):
+            raise ValueError(f"{where}: only AdaptiveAvgPool2d(1) (global average pooling) is supported")
+        return {"type": "globalavgpool2d"}, {}
+    if isinstance(mod, nn.Flatten):
+        if mod.start_dim != 1 or mod.end_dim != -1:
+            raise ValueError(f"{where}: only Flatten(start_dim=1, end_dim=-1) is supported")
+        return {"type": "flatten"}, {}
+    raise ValueError(f"{where}: unsupported module; allowed: Linear, Conv2d, BatchNorm2d, ReLU, MaxPool2d, AvgPool2d, "
+                     "AdaptiveAvgPool2d(1), Flatten, residual blocks (residual_parts())")
+
+
+def describe(model: nn.Module, config: IntegerOnlyConfig, input_shape) -> tuple[dict, list]:
+    """The micro model description of ``model`` and, per layer, its float tensors to convert."""
+    layers, tensors = _describe_layers(layers_in_order(model), config, "layer ")
     if input_shape is None:
         first = layers[0] if layers else {}
         if first.get("type") != "linear":
@@ -181,30 +210,37 @@ def describe(model: nn.Sequential, config: IntegerOnlyConfig, input_shape) -> tu
     return desc, tensors
 
 
-def convert(model: nn.Sequential, config: IntegerOnlyConfig | None = None, input_shape=None,
+def convert(model: nn.Module, config: IntegerOnlyConfig | None = None, input_shape=None,
             device: torch.device | str | None = None) -> T.Sequential:
     """An :class:`inttrain.integer_only.Sequential` with ``model``'s (float, e.g. freshly initialized)
     weights converted to integer codes (:func:`float_to_codes`, one exponent per tensor).
 
-    ``model``: a ``torch.nn.Sequential`` of Linear / Conv2d (square kernel, stride, padding; no groups,
-    no dilation) / ReLU / MaxPool2d, AvgPool2d (non-overlapping) / AdaptiveAvgPool2d(1) / Flatten; ``input_shape``: ``[C, H, W]`` or
-    ``[features]`` of one sample (optional when the first layer is Linear). The float model is not
-    modified and not used afterwards.
+    ``model``: a ``torch.nn.Sequential`` (or a model with ``as_sequential()``, e.g. ``inttrain.models``' resnet20)
+    of Linear / Conv2d (square kernel, stride, padding; no groups, no dilation) / BatchNorm2d (untrained) / ReLU /
+    MaxPool2d, AvgPool2d (non-overlapping) / AdaptiveAvgPool2d(1) / Flatten, and residual blocks: modules with
+    ``residual_parts() -> (block, shortcut, after)`` (lists of such modules; ``after`` follows the sum, e.g. the
+    ReLU of ``inttrain.models.resnet.BasicBlock``).  ``input_shape``: ``[C, H, W]`` or ``[features]`` of one sample
+    (optional when the first layer is Linear). The float model is not modified and not used afterwards.
     """
     config = config or IntegerOnlyConfig()
-    if not isinstance(model, nn.Sequential):
-        raise TypeError("convert expects a torch.nn.Sequential")
     desc, tensors = describe(model, config, input_shape)
     try:
         mm = micro.Sequential.from_description(desc)
     except micro.MicroFormatError as e:
         raise ValueError(str(e)) from None
-    for ml, ts in zip(mm.layers, tensors):
-        if "weight" in ts:
-            codes, exp = float_to_codes(ts["weight"].detach().cpu().double().numpy(), config.weight_bits)
+    _copy_weights(mm.layers, tensors, config.weight_bits)
+    return T.Sequential.from_micro(mm, device)
+
+
+def _copy_weights(layers: list, tensors: list, bits: int) -> None:
+    for ml, ts in zip(layers, tensors):
+        if "residual" in ts:
+            _copy_weights(ml.block, ts["residual"][0], bits)
+            _copy_weights(ml.shortcut, ts["residual"][1], bits)
+        elif "weight" in ts:
+            codes, exp = float_to_codes(ts["weight"].detach().cpu().double().numpy(), bits)
             ml.weight.acc = codes.astype(ml.weight.acc.dtype)
             ml.weight.exp = ml.weight.exp0 = exp          # the norm rule's step unit is the starting exponent
-    return T.Sequential.from_micro(mm, device)
 
 
 def optimizer(model: T.Sequential, config: IntegerOnlyConfig | None = None) -> T.SGD:
