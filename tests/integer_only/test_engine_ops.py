@@ -19,7 +19,9 @@ def _names(ns: type) -> set[str]:
 
 def test_both_namespaces_offer_the_same_primitives():
     assert _names(NumpyOps) == _names(TorchOps)
-    assert len(_names(NumpyOps)) >= 30
+    # the arithmetic every shared layer is written in (the full set is whatever both offer, equally)
+    assert {"shift_round", "shift", "requantize", "saturate", "rdiv", "bitlen", "amax", "sum", "where", "wide",
+            "weight_grad", "check_int32", "table"} <= _names(NumpyOps)
 
 
 def test_shared_layers_are_micros_code_on_torch():
@@ -34,16 +36,13 @@ def test_shared_layers_are_micros_code_on_torch():
 @pytest.mark.parametrize("name,args", [
     ("rdiv", ([-7, -6, -5, 5, 6, 7, 1000], 4)), ("bitlen", ([0, 1, 2, 3, 255, 256, 1023],)),
     ("amax", ([[3, -9, 4], [0, 2, -1]], 1)), ("amin", ([[3, -9, 4], [0, 2, -1]], 1)),
-    ("sum", ([[3, -9, 4], [0, 2, -1]], 1)), ("distinct", ([5, -1, 5, 0, -1],)),
+    ("sum", ([[3, -9, 4], [0, 2, -1]], 1))
 ])
 def test_primitives_agree(name, args):
     a = np.array(args[0], dtype=np.int64)
     got_np = getattr(NumpyOps, name)(a, *args[1:])
     got_t = getattr(TorchOps, name)(torch.from_numpy(a), *args[1:])
-    if name == "distinct":
-        assert got_np == got_t == [-1, 0, 5]
-    else:
-        assert np.array_equal(np.asarray(got_np), got_t.numpy()) and got_t.dtype == torch.int64
+    assert np.array_equal(np.asarray(got_np), got_t.numpy()) and got_t.dtype == torch.int64
 
 
 def test_device_tables_copy_once_per_device_and_clear():

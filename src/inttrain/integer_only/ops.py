@@ -167,4 +167,3 @@ class TorchOps:
     arange = staticmethod(lambda n, like: torch.arange(n, device=like.device))
     index = staticmethod(lambda labels, like: labels.to(device=like.device, dtype=torch.int64))
     table = staticmethod(lambda t, like: DEVICE_TABLES.get(t, like.device))
-    distinct = staticmethod(lambda a: sorted(set(a.tolist())))

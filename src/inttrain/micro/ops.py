@@ -262,7 +262,3 @@ class NumpyOps:
         """The constant integer table ``t`` where ``like`` lives (NumPy: ``t`` itself)."""
         return t
 
-    @staticmethod
-    def distinct(a: np.ndarray) -> list[int]:
-        """The distinct values of an integer array, ascending, as Python ints."""
-        return [int(v) for v in np.unique(a)]
