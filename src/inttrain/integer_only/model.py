@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .. import micro
+from ..micro.augment import augment_batch
 from ..micro.layers import SequentialCore
 from ..micro.model import check_batch_layers
 from .layers import AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, Param, ReLU, Residual
@@ -109,11 +110,13 @@ def _device(model: Sequential) -> torch.device:
 
 
 def train_epoch(model: Sequential, opt, x, x_exp: int, y, batch_size: int, seed: int = 0,
-                log=None, log_every: int = 0, schedule=None, global_step: int = 0) -> tuple[float, float]:
+                log=None, log_every: int = 0, schedule=None, global_step: int = 0,
+                augment: str | None = None) -> tuple[float, float]:
     """One pass in micro's order (``numpy.random.default_rng(seed).permutation``); (display loss, accuracy).
 
     ``schedule`` (:class:`inttrain.micro.optim.Schedule`): sets ``opt.multiplier`` before each step from the
-    global step ``global_step + i``, as micro's ``train_epoch``."""
+    global step ``global_step + i``, as micro's ``train_epoch``; ``augment="crop-flip"``: micro's crop and flip
+    (:func:`inttrain.micro.augment.augment_batch`, the same draws), so the engines stay bit-exact."""
     if tuple(x.shape[1:]) != tuple(model.desc["input_shape"]):
         raise ValueError(f"x has sample shape {tuple(x.shape[1:])}, model wants {tuple(model.desc['input_shape'])}")
     model.check_batch(batch_size)
@@ -128,7 +131,10 @@ def train_epoch(model: Sequential, opt, x, x_exp: int, y, batch_size: int, seed:
         yb = yt[idx]
         if schedule is not None:
             opt.multiplier = schedule.multiplier(global_step + step)
-        r = train_step(model, opt, IntTensor(xt[idx], int(x_exp)), yb)
+        xb = xt[idx]
+        if augment not in (None, "none"):  # micro's draws on the batch's codes (a small host round trip)
+            xb = torch.from_numpy(augment_batch(xb.cpu().numpy(), augment, seed, step)).to(dev)
+        r = train_step(model, opt, IntTensor(xb, int(x_exp)), yb)
         losses.append(display_loss(r.logits, yb))
         correct += int((r.logits.q.argmax(dim=1) == yb).sum())
         if log and log_every and (step + 1) % log_every == 0:

@@ -321,13 +321,14 @@ def _check_input(model: Sequential, x: np.ndarray, x_exp: int) -> None:
 
 
 def train_epoch(model: Sequential, opt, x: np.ndarray, x_exp: int, y: np.ndarray, batch_size: int,
-                seed: int = 0, log=None, log_every: int = 0, schedule=None, global_step: int = 0) -> tuple[float, float]:
+                seed: int = 0, log=None, log_every: int = 0, schedule=None, global_step: int = 0,
+                augment: str | None = None) -> tuple[float, float]:
     """One pass over shuffled data; returns (mean display loss, training accuracy).
 
     ``schedule`` (an :class:`inttrain.micro.optim.Schedule`): sets ``opt.multiplier`` before each step from the
-    global step ``global_step + i``."""
+    global step ``global_step + i``; ``augment``: ``"crop-flip"`` or None (:mod:`inttrain.micro.augment`)."""
     r = run_epoch(model, opt, x, x_exp, y, batch_size, seed, log=log, log_every=log_every, schedule=schedule,
-                  global_step=global_step)
+                  global_step=global_step, augment=augment)
     return r.loss, r.accuracy
 
 
