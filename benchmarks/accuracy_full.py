@@ -338,15 +338,6 @@ def integer_only_model(args: argparse.Namespace, splits: Any, seed: int) -> Any:
                    input_shape=[splits.in_channels, splits.image_size, splits.image_size])
 
 
-def integer_only_reason(args: argparse.Namespace, splits: Any) -> str:
-    """Why the integer-only engine cannot train this model (``""``: it can)."""
-    try:
-        integer_only_model(args, splits, 0)
-    except (TypeError, ValueError) as e:
-        return f"inttrain.recipes.integer_only.convert cannot take {args.model}: {e}"
-    return ""
-
-
 def _codes_npz(path: Path, dataset: Any) -> None:
     """A micro DATA.npz of ``dataset``'s (normalized float) images: int8 codes at INTEGER_ONLY_X_EXP."""
     import numpy as np
@@ -378,13 +369,20 @@ def run_integer_only_job(args: argparse.Namespace, seed: int, splits: Any, base:
     if resumed:
         code = micro_main(["train", "--resume", str(run_dir), "--log-every", "25"])
     else:
+        try:
+            model = integer_only_model(args, splits, seed)
+        except (TypeError, ValueError) as e:
+            reason = f"inttrain.recipes.integer_only.convert cannot take {args.model}: {e}"
+            append_row(args.out, {**base, "status": "skipped", "reason": reason})
+            print(f"== {name}: skipped: {reason}", flush=True)
+            return 0
         folder.mkdir(parents=True, exist_ok=True)
         _codes_npz(folder / "train.npz", splits.train)
         _codes_npz(folder / "val.npz", splits.val)
         init = folder / "init"
         if init.exists():
             shutil.rmtree(init)
-        integer_only_model(args, splits, seed).save(init)
+        model.save(init)
         code = micro_main(["train", str(init), str(folder / "train.npz"), "--val", str(folder / "val.npz"),
                            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--seed", str(seed),
                            "--augment", "crop-flip" if args.augment == "crop-flip" else "none",
@@ -414,13 +412,8 @@ def run_job(args: argparse.Namespace, variant: str, seed: int, splits: Any) -> i
     """Train (or resume) one job in its run folder; append its row when it finishes. Returns an exit code."""
     name = job_name(variant, seed)
     base = {"variant": variant, "seed": seed, "settings": settings(args)}
-    if variant == "integer-only":
-        reason = integer_only_reason(args, splits)
-        if not reason:
-            return run_integer_only_job(args, seed, splits, base)
-        append_row(args.out, {**base, "status": "skipped", "reason": reason})
-        print(f"== {name}: skipped: {reason}", flush=True)
-        return 0
+    if variant == "integer-only":  # its own engine and loop (a model convert cannot take is recorded as skipped)
+        return run_integer_only_job(args, seed, splits, base)
     knob_fields, knob_args, missing = trainer_knobs({k: getattr(args, k) for k in KNOB_NAMES})
     cfg = run_config(args, variant, seed, knob_fields)
     folder_path = args.runs / name

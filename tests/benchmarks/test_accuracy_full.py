@@ -109,3 +109,15 @@ def test_resume_takes_a_setting_added_later_at_its_default(bench, tmp_path: Path
     (out / "results.jsonl").write_text("")
     with pytest.raises(SystemExit, match=r"trained with other settings \(lr\)"):
         bench.main(common)
+
+
+def test_integer_only_on_a_model_convert_refuses_is_a_skipped_row(bench, tmp_path: Path) -> None:
+    """mobilenetv2 (grouped convolutions, no as_sequential()): one skipped row with the converter's reason, no
+    run folder, and nothing trained."""
+    out, common = _tiny_run(tmp_path, "integer-only")
+    common[common.index("small-cnn")] = "mobilenetv2"
+    assert bench.main(common) == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["variant"], r["status"]) for r in rows] == [("integer-only", "skipped")]
+    assert rows[0]["reason"].startswith("inttrain.recipes.integer_only.convert cannot take mobilenetv2: ")
+    assert not (out / "runs" / "integer-only-s0").exists()
