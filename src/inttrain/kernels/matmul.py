@@ -1,5 +1,8 @@
 """Integer GEMMs: an exact int64 reference and the fast ``torch._int_mm`` path, int8 and int16.
 
+On CPUs with AMX the int8 GEMM runs on :func:`inttrain.kernels.native.int8_mm_amx` (AMX tiles, exact
+int32 sums like ``torch._int_mm``, whose oneDNN GEMM uses the AVX512-VNNI units only: ~3x slower there).
+
 All functions compute ``a @ b`` for 2-D integer operands exactly and return an integer tensor
 (int32 when every partial sum provably fits, else int64).
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from . import native
 from .counters import count
 from .workspace import scratch
 
@@ -78,6 +82,8 @@ def _int_mm_padded(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = 
     Zero rows/columns add nothing to the integer sums, so padding keeps the result exact.
     """
     if a.device.type != "cuda":
+        if a.dtype == torch.int8 and b.dtype == torch.int8 and a.device.type == "cpu" and native.amx_available():
+            return native.int8_mm_amx(a, b, out)  # torch._int_mm's oneDNN GEMM runs on VNNI, not AMX tiles
         a, b = gemm_layout(a), gemm_layout(b)
         return torch._int_mm(a, b) if out is None else torch.ops.aten._int_mm.out(a, b, out=out)
     m, k = a.shape

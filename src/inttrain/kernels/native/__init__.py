@@ -1,4 +1,5 @@
-"""Native kernels where the library kernels leave speed on the table (see ``conv.c`` and ``quantize.c``).
+"""Native kernels where the library kernels leave speed on the table (see ``conv.c``, ``quantize.c`` and
+``gemm_amx.c``).
 
 The C source is compiled on first use with the machine's C compiler (plain C, no torch headers:
 about a second) into a shared library that :class:`NativeLibrary` owns, and called through
@@ -26,11 +27,12 @@ from ..workspace import scratch
 
 __all__ = ["NativeLibrary", "LIBRARY", "QUANTIZE_LIBRARY", "available", "quantize_available",
            "conv2d_weight_grad_int", "conv2d_weight_grad_float", "quantize_rows_cols",
-           "conv_forward_supported", "conv2d_forward_u8s8"]
+           "conv_forward_supported", "conv2d_forward_u8s8", "GEMM_LIBRARY", "amx_available", "int8_mm_amx"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
 _QUANTIZE_SOURCE = Path(__file__).with_name("quantize.c")
+_GEMM_SOURCE = Path(__file__).with_name("gemm_amx.c")
 # -fopenmp: the parallel sections run on torch's OpenMP team (libgomp.so.1, already loaded by torch)
 _FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fopenmp", "-std=c11")
 
@@ -134,8 +136,19 @@ def _setup_quantize(lib: ctypes.CDLL) -> None:
         + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int64])
 
 
+def _setup_gemm(lib: ctypes.CDLL) -> None:
+    lib.inttrain_has_amx.restype = ctypes.c_int
+    if not lib.inttrain_has_amx():
+        raise RuntimeError("this CPU has no AMX-INT8 (or the kernel does not let this process use its tiles)")
+    lib.inttrain_gemm_amx_workspace.restype = None
+    lib.inttrain_gemm_amx_workspace.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p]
+    lib.inttrain_gemm_s8s8s32.restype = ctypes.c_int
+    lib.inttrain_gemm_s8s8s32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64]
+
+
 LIBRARY = NativeLibrary(_SOURCE)
 QUANTIZE_LIBRARY = NativeLibrary(_QUANTIZE_SOURCE, setup=_setup_quantize)
+GEMM_LIBRARY = NativeLibrary(_GEMM_SOURCE, setup=_setup_gemm)
 
 
 def available() -> bool:
@@ -146,6 +159,50 @@ def available() -> bool:
 def quantize_available() -> bool:
     """Whether the native two-way gradient quantizer runs on this machine (builds it on first call)."""
     return QUANTIZE_LIBRARY.load() is not None
+
+
+def amx_available() -> bool:
+    """Whether the AMX int8 GEMM runs on this machine (builds it on first call)."""
+    return GEMM_LIBRARY.load() is not None
+
+
+def int8_mm_amx(a: Tensor, b: Tensor, out: Tensor | None = None, threads: int | None = None) -> Tensor:
+    """Exact ``a @ b`` of int8 CPU matrices [M, K] x [K, N] (any strides) as int32 on AMX tiles.
+
+    What ``torch._int_mm`` computes, bit for bit (int32 sums: K <= 131071).  ``out``: a row-major int32
+    [M, N] to write into.  Call only when :func:`amx_available`.
+    """
+    lib = GEMM_LIBRARY.load()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {GEMM_LIBRARY.reason}")
+    if a.dtype != torch.int8 or b.dtype != torch.int8 or {a.device.type, b.device.type} != {"cpu"}:
+        raise TypeError(f"expected int8 CPU matrices, got {a.dtype} on {a.device} and {b.dtype} on {b.device}")
+    (m, k), n = a.shape, int(b.shape[1])
+    if b.shape[0] != k or k > _GEMM_MAX_K:
+        raise ValueError(f"cannot multiply {tuple(a.shape)} by {tuple(b.shape)} exactly in int32")
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.int32)
+    elif out.shape != (m, n) or out.dtype != torch.int32 or out.stride(1) != 1:
+        raise ValueError(f"out must be a row-major int32 [{m}, {n}], got {tuple(out.shape)} {out.dtype}")
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    sam, sak = a.stride()
+    sbk, sbn = b.stride()
+    sizes = (ctypes.c_int64 * 2)()
+    lib.inttrain_gemm_amx_workspace(m, n, k, sam, sak, sizes)
+    work = scratch((int(sizes[0]) + int(sizes[1]),), torch.int8, a.device)  # one buffer: [Ap | Bp]
+    dims = _int64_array([m, n, k, sam, sak, sbk, sbn, out.stride(0)])
+    status = lib.inttrain_gemm_s8s8s32(a.data_ptr(), b.data_ptr(), out.data_ptr(), dims, work.data_ptr(),
+                                       work.data_ptr() + int(sizes[0]), threads or torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"native AMX GEMM failed (status {status})")
+    return out
+
+
+#: Longest reduction whose int32 sums of int8 x int8 products (|p| <= 2^14) cannot overflow.
+_GEMM_MAX_K = ((1 << 31) - 1) // (128 * 128)
 
 
 def _ptr(t: Tensor | None) -> int | None:
