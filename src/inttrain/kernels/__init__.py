@@ -1,6 +1,7 @@
 """Integer kernels: exact references (test oracles) and fast paths, chosen once per device.
 
-- :mod:`.matmul`: int8/int16 GEMMs on ``torch._int_mm`` (oneDNN VNNI/AMX on x86 CPUs, cuBLASLt on CUDA).
+- :mod:`.matmul`: int8/int16 GEMMs on ``torch._int_mm`` (oneDNN's AVX512-VNNI GEMM on x86 CPUs, cuBLASLt on
+  CUDA), or on AMX tiles (:mod:`.native`, ``gemm_amx.c``) where the CPU has AMX-INT8.
 - :mod:`.conv`: int8 convolution forward / input-gradient / weight-gradient (oneDNN int8 conv + GEMMs on CPU),
   :mod:`.conv_generic` (im2col + GEMM, any device) and :mod:`.conv_reference` (the exact oracle).
 - :mod:`.fused`: the quantize and dequantize passes around them, fused with ``torch.compile``.
@@ -24,7 +25,12 @@ def describe() -> dict[str, str]:
 
     from .fused import compile_enabled
 
-    cpu_int = "torch._int_mm (oneDNN int8 GEMM)" if has_int_mm("cpu") else "int64 reference (slow, exact)"
+    from . import native
+
+    if native.amx_available():
+        cpu_int = "native AMX int8 GEMM (kernels/native/gemm_amx.c)"
+    else:
+        cpu_int = "torch._int_mm (oneDNN int8 GEMM)" if has_int_mm("cpu") else "int64 reference (slow, exact)"
     info = {
         "linear (cpu)": cpu_int,
         "conv2d forward/input grad (cpu)": ("native AVX512-VNNI implicit GEMM (kernels/native/conv.c; uint8 "

@@ -191,8 +191,9 @@ __attribute__((target("amx-tile,amx-int8"))) static void compute(const int8_t *a
         }
         _tile_loadconfig(&cfg);
         int32_t edge[32 * 32];
-#pragma omp for collapse(2) schedule(static)
         for (int64_t ch = 0; ch < chunks; ++ch)
+            /* the threads split the rows of A and share one chunk of B: one copy of it in a shared L2 */
+#pragma omp for schedule(static)
             for (int64_t mb = 0; mb < mblocks; ++mb) {
                 const int64_t i0 = mb * 32, n_end = (ch + 1) * chunk < np ? (ch + 1) * chunk : np;
                 for (int64_t j0 = ch * chunk; j0 < n_end; j0 += 32) {
