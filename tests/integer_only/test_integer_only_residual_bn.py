@@ -52,14 +52,14 @@ def _same_params(mm, tm):
             assert _eq(tp.mom, mp.mom), n
 
 
-def _lockstep(desc, data, steps, lr_shift, momentum_shift=None, batch=32):
+def _lockstep(desc, data, steps, lr_shift, momentum_shift=None, batch=32, **opt_kw):
     xtr, _, ytr, _ = data
     xs = xtr.reshape((len(xtr), *desc["input_shape"]))
     mm = M.Sequential.from_description(desc)
     tm = T.Sequential.from_micro(mm)
     _same_params(mm, tm)
-    mo = M.SGD(mm.params(), lr_shift, momentum_shift, rounding=mm.desc["rounding"]["update"])
-    to = T.SGD(tm.params(), lr_shift, momentum_shift, rounding=tm.desc["rounding"]["update"])
+    mo = M.SGD(mm.params(), lr_shift, momentum_shift, rounding=mm.desc["rounding"]["update"], **opt_kw)
+    to = T.SGD(tm.params(), lr_shift, momentum_shift, rounding=tm.desc["rounding"]["update"], **opt_kw)
     order = np.random.default_rng(1).permutation(len(xs))
     pairs = list(zip(_flat(mm.layers), _flat(tm.layers)))
     for step in range(steps):
@@ -89,6 +89,32 @@ def _lockstep(desc, data, steps, lr_shift, momentum_shift=None, batch=32):
 @pytest.mark.parametrize("bits,momentum", [(16, None), (8, 3)])
 def test_resnet_bn_lockstep(digits, bits, momentum):
     _lockstep({**RESNET, "weight_bits": bits}, digits, 8, 8, momentum)
+
+
+def test_norm_rule_with_a_separate_batch_norm_step_stays_in_lockstep(digits):
+    _lockstep(RESNET, digits, 6, 8, 2, lr_mode="norm", lr_bits=10, bn_lr_bits=8, adapt_exp=True)
+
+
+@pytest.mark.parametrize("engine", [M, T])
+def test_bn_lr_bits_shrinks_only_the_batch_norm_steps(engine, digits):
+    """bn_lr_bits = lr_bits - 1 halves the steps of gamma / beta (one more bit of shift) and nothing else."""
+    xtr, _, ytr, _ = digits
+    model = engine.Sequential.from_description(RESNET)
+    x = xtr[:32].reshape(-1, 1, 8, 8)
+    logits = model.forward(engine.IntTensor(x if engine is M else torch.from_numpy(x), -7))
+    err, _ = engine.softmax_cross_entropy_grad(logits, ytr[:32] if engine is M else torch.from_numpy(ytr[:32]))
+    model.backward(err)
+    plain = engine.SGD(model.params(), 8, lr_mode="norm", lr_bits=10)
+    split = engine.SGD(model.params(), 8, lr_mode="norm", lr_bits=10, bn_lr_bits=9)
+    roles = {p.role for p in model.params()}
+    assert roles == {"weight", "norm"}
+    for p in model.params():
+        if plain.step_shift(p) is None:
+            continue
+        assert split.step_shift(p) == plain.step_shift(p) + (p.role == "norm"), p.role
+    assert split.config()["bn_lr_bits"] == 9 and plain.config()["bn_lr_bits"] is None
+    with pytest.raises(ValueError, match=r"bn_lr_bits must be in \[0, 14\]"):
+        engine.SGD(model.params(), 8, lr_mode="norm", bn_lr_bits=15)
 
 
 def test_mlp_bn_first_layer_residual_lockstep(digits):

@@ -151,6 +151,8 @@ def test_limits_are_refused_before_training(files, tmp_path, capsys):
                                   "accuracy)")
     assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--lr-bits", "15", "--out", out]) == 2
     assert _one_error(capsys) == "error: --lr-bits 15: allowed: 0..14"
+    assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--bn-lr-bits", "-1", "--out", out]) == 2
+    assert _one_error(capsys) == "error: --bn-lr-bits -1: allowed: 0..14"
     assert main(["train", "--resume", str(tmp_path)]) == 2
     assert "no checkpoint.json there" in _one_error(capsys)
     assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--epochs", "1", "--out", out]) == 0

@@ -37,6 +37,7 @@ class Param:
         self.acc = acc.to(_MASTER_DTYPE[bits])
         self.exp = int(exp)
         self.exp0 = int(exp)         # the initial exponent (micro's Param.exp0)
+        self.role = "weight"         # micro's Param.role
         self.grad: torch.Tensor | None = None
         self.grad_exp = 0
         self.mom: torch.Tensor | None = None
@@ -46,7 +47,7 @@ class Param:
         """Copy a :class:`inttrain.micro.layers.Param` (NumPy codes) into torch."""
         acc = torch.from_numpy(np.array(p.acc, copy=True))        # a writable copy (micro's codes may be read-only)
         out = cls(acc.to(device) if device is not None else acc, p.exp, p.bits)
-        out.exp0 = p.exp0
+        out.exp0, out.role = p.exp0, p.role
         return out
 
     def int8(self) -> IntTensor:
@@ -213,6 +214,7 @@ class BatchNorm(Layer, _ml.BatchNorm):
 
     def __init__(self, gamma: Param, beta: Param, fwd_round: str = "rne", bwd_round: str = "pstoch"):
         self.gamma, self.beta = gamma, beta
+        gamma.role = beta.role = "norm"
         self.num_features = gamma.acc.shape[0]
         self.fwd_round, self.bwd_round = fwd_round, bwd_round
         self.params = [gamma, beta]

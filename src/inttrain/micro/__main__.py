@@ -46,7 +46,7 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 #: ``train`` defaults (chosen from the runs in docs/integer-training.md §7 "Choosing the defaults"). The
 #: options are parsed with None so that ``--resume`` can tell which ones were given.
-TRAIN_DEFAULTS = {"epochs": 10, "batch_size": 32, "lr_mode": "norm", "lr_bits": 10, "lr_shift": 8,
+TRAIN_DEFAULTS = {"epochs": 10, "batch_size": 32, "lr_mode": "norm", "lr_bits": 10, "bn_lr_bits": None, "lr_shift": 8,
                   "momentum_shift": None, "decay_shift": None, "schedule": "cosine", "warmup_epochs": 0.25,
                   "step_every": None, "adapt_exp": True, "seed": 0, "augment": "none"}
 ROUNDING_OPTS = ("forward_rounding", "backward_rounding", "update_rounding")
@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(scale-free, no sweep); shift: lr 2**-LR_SHIFT on the summed batch gradient (the C code "
                    f"generator's rule) {_default('lr_mode')}")
     t.add_argument("--lr-bits", type=int, help=f"norm mode: largest step 2**LR_BITS codes (0..14) {_default('lr_bits')}")
+    t.add_argument("--bn-lr-bits", type=int, help="norm mode: largest step of batch-norm gamma / beta, 0..14 "
+                   "(default: LR_BITS)")
     t.add_argument("--lr-shift", type=int, help=f"shift mode: learning rate 2**-LR_SHIFT {_default('lr_shift')}")
     t.add_argument("--schedule", choices=SCHEDULES, help="step-size multiplier (integer Q8): const, step (halve every "
                    f"--step-every epochs) or cosine to 0 {_default('schedule')}")

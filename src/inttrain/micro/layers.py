@@ -60,6 +60,7 @@ class Param:
         self.acc = acc.astype(np.int16 if bits == 16 else np.int8)
         self.exp = int(exp)
         self.exp0 = int(exp)         # the initial exponent: the norm rule's steps are in its units (optim.py)
+        self.role = "weight"         # "norm": a batch norm's gamma / beta (the optimizer's bn_lr_bits applies)
         self.grad: np.ndarray | None = None
         self.grad_exp = 0
         self.mom: np.ndarray | None = None
@@ -634,6 +635,7 @@ class BatchNorm(Layer):
         e = -((qmax(bits) // 4).bit_length() - 1)          # 1.0 -> 2**-e ~ a quarter of the range
         self.gamma = Param(np.full(num_features, 1 << -e, dtype=np.int64), e, bits)
         self.beta = Param(np.zeros(num_features, dtype=np.int64), e, bits)
+        self.gamma.role = self.beta.role = "norm"
         self.params = [self.gamma, self.beta]
 
     def named_params(self, prefix: str) -> list[tuple[str, Param]]:

@@ -10,7 +10,9 @@ Two step-size rules (``lr_mode``):
   its largest element becomes 2**lr_bits codes at the tensor's *initial* exponent p.exp0:
   s = bitlen(max|grad|) - lr_bits + (p.exp - p.exp0). The step is then a fixed fraction of each tensor's
   initial code range whatever the gradient's scale, so one default fits every layer and task; counting it
-  in initial codes keeps an adapted (raised) exponent from enlarging the real step.
+  in initial codes keeps an adapted (raised) exponent from enlarging the real step.  ``bn_lr_bits`` (None:
+  lr_bits) sets the largest step of batch-norm gamma / beta (``Param.role == "norm"``) apart: they scale
+  whole channels, and on the batch-norm CNN of §7 a smaller step for them alone trained better.
 
 A schedule multiplier ``multiplier`` (Q8: 256 = 1.0, set each step by :class:`Schedule`) scales the step:
 U = shift(grad * m, s + 8) when m != 256 (m == 256 is exactly the unscheduled shift(grad, s)).
@@ -78,33 +80,37 @@ class SGDCore:
 
     def __init__(self, params: list, lr_shift: int = 6, momentum_shift: int | None = None,
                  rounding: str = "pstoch", *, lr_mode: str = "shift", lr_bits: int = 4, adapt_exp: bool = False,
-                 decay_shift: int | None = None):
+                 decay_shift: int | None = None, bn_lr_bits: int | None = None):
         if lr_mode not in LR_MODES:
             raise ValueError(f"unknown lr_mode {lr_mode!r}; allowed: {', '.join(LR_MODES)}")
         if not 0 <= int(lr_shift) <= 62:
             raise ValueError("lr_shift must be in [0, 62]")
         if not 0 <= int(lr_bits) <= 14:
             raise ValueError("lr_bits must be in [0, 14]")
+        if bn_lr_bits is not None and not 0 <= int(bn_lr_bits) <= 14:
+            raise ValueError("bn_lr_bits must be in [0, 14]")
         if momentum_shift is not None and not 1 <= int(momentum_shift) <= 16:
             raise ValueError("momentum_shift must be in [1, 16]")
         if decay_shift is not None and not 1 <= int(decay_shift) <= 30:
             raise ValueError("decay_shift must be in [1, 30]")
         self.params, self.lr_shift, self.momentum_shift, self.rounding = params, int(lr_shift), momentum_shift, rounding
         self.lr_mode, self.lr_bits, self.adapt_exp, self.decay_shift = lr_mode, int(lr_bits), bool(adapt_exp), decay_shift
+        self.bn_lr_bits = None if bn_lr_bits is None else int(bn_lr_bits)
         self.multiplier = ONE_Q8
 
     def config(self) -> dict:
         """The optimizer's settings (recorded in saved models and checkpoints)."""
         return {"lr_mode": self.lr_mode, "lr_shift": self.lr_shift, "lr_bits": self.lr_bits,
                 "momentum_shift": self.momentum_shift, "rounding": self.rounding, "adapt_exp": self.adapt_exp,
-                "decay_shift": self.decay_shift}
+                "decay_shift": self.decay_shift, "bn_lr_bits": self.bn_lr_bits}
 
     def step_shift(self, p) -> int | None:
         """s of the step U = grad * 2**-s in codes of p.acc (None: an all-zero gradient in ``norm`` mode)."""
         if self.lr_mode == "shift":
             return p.exp + self.lr_shift - p.grad_exp
         top = self.OPS.absmax(p.grad).bit_length()
-        return None if top == 0 else top - self.lr_bits + p.exp - p.exp0
+        bits = self.bn_lr_bits if self.bn_lr_bits is not None and p.role == "norm" else self.lr_bits
+        return None if top == 0 else top - bits + p.exp - p.exp0
 
     def update_codes(self, p):
         """The (signed) step in codes of p.acc before momentum."""

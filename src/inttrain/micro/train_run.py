@@ -18,7 +18,8 @@ from .model import (EpochState, Sequential, check_input, evaluate, load_data, lo
                     validate_description)
 from .optim import SGD, Schedule, saturation
 
-_RANGES = {"epochs": (0, 1 << 20), "batch_size": (1, 1 << 24), "lr_bits": (0, 14), "lr_shift": (0, 62),
+_RANGES = {"epochs": (0, 1 << 20), "batch_size": (1, 1 << 24), "lr_bits": (0, 14), "bn_lr_bits": (0, 14),
+           "lr_shift": (0, 62),
            "momentum_shift": (1, 16), "decay_shift": (1, 30), "step_every": (1, 1 << 20), "seed": (0, 2**32 - 1)}
 
 
@@ -125,7 +126,8 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
                                f"{state['data_crc32']}); a resumed run needs the same data")
     state["data_crc32"] = fp
     opt = SGD(model.params(), s["lr_shift"], s["momentum_shift"], model.desc["rounding"]["update"],
-              lr_mode=s["lr_mode"], lr_bits=s["lr_bits"], adapt_exp=s["adapt_exp"], decay_shift=s["decay_shift"])
+              lr_mode=s["lr_mode"], lr_bits=s["lr_bits"], adapt_exp=s["adapt_exp"], decay_shift=s["decay_shift"],
+              bn_lr_bits=s.get("bn_lr_bits"))                 # runs saved before --bn-lr-bits: lr_bits for all
     spe = -(-len(x) // s["batch_size"])                      # steps per epoch
     epochs = s["epochs"]
     sched = Schedule(s["schedule"], max(1, epochs * spe), int(round(s["warmup_epochs"] * spe)), s["step_every"] * spe)
@@ -133,6 +135,8 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
     if args.resume and s["keep_best"] and state["best"] is not None:
         best = load_model(out)                               # the folder's model files are the best epoch's
     rule = f"largest step 2^{s['lr_bits']} codes" if s["lr_mode"] == "norm" else f"lr 2^-{s['lr_shift']}"
+    if s["lr_mode"] == "norm" and s.get("bn_lr_bits") is not None:
+        rule += f", 2^{s['bn_lr_bits']} for batch-norm gamma/beta"
     print(f"train: {len(x)} samples, {sum(p.acc.size for p in model.params())} weights, "
           f"{model.desc['weight_bits']}-bit weight accumulators, {s['lr_mode']} rule ({rule}), {s['schedule']} "
           f"schedule, {spe} steps/epoch, rounding {'/'.join(model.desc['rounding'].values())}"

@@ -53,6 +53,7 @@ class IntegerOnlyConfig:
             NITI-style); docs §7.
         lr_bits: the norm rule's largest step, 0..14 (default 10, as ``python -m inttrain.micro train``).
         lr_shift: the shift rule's learning rate ``2**-lr_shift`` (0..62; used only with ``lr_mode="shift"``).
+        bn_lr_bits: the norm rule's largest step for batch-norm gamma / beta, 0..14 (``None``: ``lr_bits``).
         momentum_shift: ``None`` (plain SGD) or ``m`` for beta = 1 - 2**-m (1..16).
         adapt_exp: halve a tensor (exponent + 1) once it reaches half its code range (no saturated weights).
         decay_shift: ``None`` or ``D``: weight decay ``W -= rne(W / 2**D)`` per step (1..30).
@@ -70,6 +71,7 @@ class IntegerOnlyConfig:
     lr_mode: str = "norm"
     lr_bits: int = 10
     lr_shift: int = 8
+    bn_lr_bits: int | None = None
     momentum_shift: int | None = None
     adapt_exp: bool = True
     decay_shift: int | None = None
@@ -84,7 +86,8 @@ class IntegerOnlyConfig:
         if self.lr_mode not in ("norm", "shift"):
             raise ValueError(f"integer-only lr_mode={self.lr_mode!r}: allowed 'norm' or 'shift'")
         for f, lo, hi, optional in (("lr_shift", 0, 62, False), ("lr_bits", 0, 14, False),
-                                    ("momentum_shift", 1, 16, True), ("decay_shift", 1, 30, True)):
+                                    ("momentum_shift", 1, 16, True), ("decay_shift", 1, 30, True),
+                                    ("bn_lr_bits", 0, 14, True)):
             v = getattr(self, f)
             if optional and v is None:
                 continue
@@ -249,4 +252,4 @@ def optimizer(model: T.Sequential, config: IntegerOnlyConfig | None = None) -> T
     config = config or IntegerOnlyConfig()
     return T.SGD(model.params(), config.lr_shift, config.momentum_shift, config.update_rounding,
                  lr_mode=config.lr_mode, lr_bits=config.lr_bits, adapt_exp=config.adapt_exp,
-                 decay_shift=config.decay_shift)
+                 decay_shift=config.decay_shift, bn_lr_bits=config.bn_lr_bits)
