@@ -8,6 +8,8 @@
     python benchmarks/accuracy_full.py --data ../shared/data/cifar10_train20k.npz --only int8:1
     # the table and plot from the finished rows (no training)
     python benchmarks/accuracy_full.py --report
+    # before the machine goes away: unfinished jobs' run folders into OUT/carry/ (commit them; resumed from there)
+    python benchmarks/accuracy_full.py --data ../shared/data/cifar10_train20k.npz --carry
 
 Every job is one (variant, seed) pair, trained in its own run folder ``OUT/runs/VARIANT-sSEED`` with the CLI's
 own machinery (``inttrain.cli.run.prepare_run`` + ``run_training``: recipe, dataflow, precision schedule,
@@ -51,6 +53,7 @@ import platform
 import shutil
 import statistics
 import sys
+import tarfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -142,6 +145,10 @@ def add_job_args(p: argparse.ArgumentParser, out: str, variants: list[str]) -> N
     p.add_argument("--max-jobs", type=int, help="Stop after this many jobs (default: until none is pending).")
     p.add_argument("--list", action="store_true", help="List jobs and their state, run nothing.")
     p.add_argument("--report", action="store_true", help="Write the report from OUT/results.jsonl, run nothing.")
+    p.add_argument("--carry", action="store_true",
+                   help="Pack each started, unfinished, not running job's run folder (best-epoch checkpoints left "
+                        "out) into OUT/carry/JOB.tar.gz to commit, run nothing: a later machine unpacks it when it "
+                        "claims the job and resumes it; the archive is deleted when the job finishes.")
 
 
 def finish_job_args(p: argparse.ArgumentParser, args: argparse.Namespace, variants: list[str],
@@ -246,6 +253,50 @@ def claim(args: argparse.Namespace, job: tuple[str, int]) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def carry_path(args: argparse.Namespace, job: tuple[str, int]) -> Path:
+    """Where ``--carry`` packs ``job``'s unfinished run folder (committed, unlike the run folders)."""
+    return args.out / "carry" / f"{job_name(*job)}.tar.gz"
+
+
+def pack_carry(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict[str, Any]) -> list[Path]:
+    """``--carry``: each started, unfinished job's run folder as ``OUT/carry/JOB.tar.gz`` (written atomically).
+
+    A session's machine may not outlive it, and the run folders are not committed: a job longer than a
+    session (integer-only, sbm, dorefa-8) would restart from nothing every time.  Its last checkpoint and
+    metrics travel in the archive instead; best-epoch checkpoints (``best.*``) stay behind (the final-epoch row
+    does not need them).  A running job is skipped: stop it first (SIGTERM saves ``last``).
+    """
+    done, written = done_jobs(args, want), []
+    for job in jobs:
+        folder = args.runs / job_name(*job)
+        if job in done or not folder.is_dir():
+            continue
+        with claim(args, job) as free:
+            if not free:
+                print(f"{job_name(*job)}: running; stop it first (SIGTERM saves its last checkpoint)", file=sys.stderr)
+                continue
+            dest = carry_path(args, job)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".tmp")
+            with tarfile.open(tmp, "w:gz") as tar:
+                tar.add(folder, arcname=folder.name,
+                        filter=lambda info: None if Path(info.name).name.startswith("best.") else info)
+            os.replace(tmp, dest)
+            written.append(dest)
+    return written
+
+
+def unpack_carry(args: argparse.Namespace, job: tuple[str, int]) -> bool:
+    """Restore ``job``'s run folder from its ``--carry`` archive when the folder is missing (True if it did)."""
+    src, folder = carry_path(args, job), args.runs / job_name(*job)
+    if folder.exists() or not src.exists():
+        return False
+    args.runs.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(src) as tar:
+        tar.extractall(args.runs, filter="data")
+    return True
+
+
 def job_state(args: argparse.Namespace, job: tuple[str, int], done: dict) -> str:
     if job in done:
         row = done[job]
@@ -256,6 +307,8 @@ def job_state(args: argparse.Namespace, job: tuple[str, int], done: dict) -> str
     folder = args.runs / job_name(*job)
     epochs = [r for r in _metrics(folder) if r.get("kind") == "epoch"] or _micro_history(folder)
     where = f"{len(epochs)}/{args.epochs} epochs" if epochs else "not started"
+    if not folder.exists() and carry_path(args, job).exists():
+        where = f"carried in {carry_path(args, job)}"
     return ("running, " if running else "pending, ") + where
 
 
@@ -499,10 +552,14 @@ def work(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict[str, 
                 continue
             if job in done_jobs(args, want):
                 continue
+            if unpack_carry(args, job):
+                print(f"{job_name(*job)}: resuming from {carry_path(args, job)}")
             code = run(job)
             ran += 1
             if code != 0:
                 return code
+            if job in done_jobs(args, want):
+                carry_path(args, job).unlink(missing_ok=True)  # finished: the archive has done its work
     return 0
 
 
@@ -671,6 +728,10 @@ def dispatch(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict[s
         return 0
     if args.list:
         list_jobs(args, jobs, want)
+        return 0
+    if getattr(args, "carry", False):
+        for path in pack_carry(args, jobs, want):
+            print(f"packed {path}")
         return 0
     loaded: list[Any] = []
 

@@ -111,6 +111,31 @@ def test_resume_takes_a_setting_added_later_at_its_default(bench, tmp_path: Path
         bench.main(common)
 
 
+def test_carry_packs_an_unfinished_job_and_a_fresh_machine_resumes_it(bench, tmp_path: Path, capsys) -> None:
+    """--carry: an unfinished run folder (without best-epoch checkpoints) goes into OUT/carry/JOB.tar.gz; with the
+    run folders gone (a new machine), claiming the job unpacks it and resumes; the archive goes when it finishes."""
+    import shutil
+
+    out, common = _tiny_run(tmp_path, "fp32")
+    assert bench.main(common) == 0
+    (out / "results.jsonl").write_text("")  # as if the job had stopped before its row
+    folder = out / "runs" / "fp32-s0"
+    (folder / "checkpoints" / "best.safetensors").write_bytes(b"x")
+    capsys.readouterr()
+    assert bench.main([*common, "--carry"]) == 0
+    archive = out / "carry" / "fp32-s0.tar.gz"
+    assert capsys.readouterr().out.strip() == f"packed {archive}"
+    shutil.rmtree(out / "runs")
+    bench.main([*common, "--list"])
+    assert capsys.readouterr().out.split(None, 1)[1].strip() == f"pending, carried in {archive}"
+    assert bench.main(common) == 0
+    assert f"fp32-s0: resuming from {archive}" in capsys.readouterr().out
+    row = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    assert row["status"] == "done" and row["resumed"] is True
+    assert not archive.exists() and not (folder / "checkpoints" / "best.safetensors").exists()
+    assert bench.main([*common, "--carry"]) == 0 and not archive.exists()  # a finished job is not packed
+
+
 def test_integer_only_on_a_model_convert_refuses_is_a_skipped_row(bench, tmp_path: Path) -> None:
     """mobilenetv2 (grouped convolutions, no as_sequential()): one skipped row with the converter's reason, no
     run folder, and nothing trained."""
