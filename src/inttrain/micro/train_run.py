@@ -38,6 +38,14 @@ def _check_settings(s: dict) -> None:
         raise MicroFormatError("--keep-best: needs --val VAL.npz (the best epoch is judged on validation accuracy)")
 
 
+def _step_rule(s: dict) -> str:
+    """The step rule as the training banner states it."""
+    if s["lr_mode"] != "norm":
+        return f"lr 2^-{s['lr_shift']}"
+    bn = f", 2^{s['bn_lr_bits']} for batch-norm gamma/beta" if s.get("bn_lr_bits") is not None else ""
+    return f"largest step 2^{s['lr_bits']} codes{bn}"
+
+
 def _new_run(args, defaults: dict, rounding_opts: tuple) -> tuple[Sequential, dict, Path]:
     if not args.model or not args.data:
         raise MicroFormatError("train: needs MODEL and DATA (or --resume DIR to continue a run)")
@@ -134,9 +142,7 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
     best = None
     if args.resume and s["keep_best"] and state["best"] is not None:
         best = load_model(out)                               # the folder's model files are the best epoch's
-    rule = f"largest step 2^{s['lr_bits']} codes" if s["lr_mode"] == "norm" else f"lr 2^-{s['lr_shift']}"
-    if s["lr_mode"] == "norm" and s.get("bn_lr_bits") is not None:
-        rule += f", 2^{s['bn_lr_bits']} for batch-norm gamma/beta"
+    rule = _step_rule(s)
     print(f"train: {len(x)} samples, {sum(p.acc.size for p in model.params())} weights, "
           f"{model.desc['weight_bits']}-bit weight accumulators, {s['lr_mode']} rule ({rule}), {s['schedule']} "
           f"schedule, {spe} steps/epoch, rounding {'/'.join(model.desc['rounding'].values())}"
