@@ -123,6 +123,8 @@ def test_epoch_line_reports_saturation_schedule_time_and_eta(files, tmp_path, ca
                                "step 2^10 codes), cosine schedule, 10 steps/epoch, rounding rne/rne/rne")
     ep = [ln for ln in lines if ln.startswith("epoch ")]
     assert len(ep) == 2 and all(" sat 0/9472 " in ln and " eta " in ln and " time " in ln for ln in ep)
+    # the batch-norm step's default is recorded as a number (lr_bits - 1), so the run resumes with it
+    assert json.loads((tmp_path / "r" / "checkpoint.json").read_text())["settings"]["bn_lr_bits"] == 9
     assert " lr x256/256 " not in ep[1] and " lr x2/256 " in ep[1]          # the cosine near its end: COS_Q8[243]
     doc = json.loads((tmp_path / "r" / "model.json").read_text())
     assert doc["rounding"] == {"forward": "rne", "backward": "rne", "update": "rne"}     # recorded in the model

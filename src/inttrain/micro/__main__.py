@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"generator's rule) {_default('lr_mode')}")
     t.add_argument("--lr-bits", type=int, help=f"norm mode: largest step 2**LR_BITS codes (0..14) {_default('lr_bits')}")
     t.add_argument("--bn-lr-bits", type=int, help="norm mode: largest step of batch-norm gamma / beta, 0..14 "
-                   "(default: LR_BITS)")
+                   "(default: LR_BITS - 1)")
     t.add_argument("--lr-shift", type=int, help=f"shift mode: learning rate 2**-LR_SHIFT {_default('lr_shift')}")
     t.add_argument("--schedule", choices=SCHEDULES, help="step-size multiplier (integer Q8): const, step (halve every "
                    f"--step-every epochs) or cosine to 0 {_default('schedule')}")

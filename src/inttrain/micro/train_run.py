@@ -38,11 +38,11 @@ def _check_settings(s: dict) -> None:
         raise MicroFormatError("--keep-best: needs --val VAL.npz (the best epoch is judged on validation accuracy)")
 
 
-def _step_rule(s: dict) -> str:
-    """The step rule as the training banner states it."""
+def _step_rule(s: dict, has_bn: bool) -> str:
+    """The step rule as the training banner states it (the batch-norm step only for a model with batch norms)."""
     if s["lr_mode"] != "norm":
         return f"lr 2^-{s['lr_shift']}"
-    bn = f", 2^{s['bn_lr_bits']} for batch-norm gamma/beta" if s.get("bn_lr_bits") is not None else ""
+    bn = f", 2^{s['bn_lr_bits']} for batch-norm gamma/beta" if has_bn and s.get("bn_lr_bits") is not None else ""
     return f"largest step 2^{s['lr_bits']} codes{bn}"
 
 
@@ -56,6 +56,8 @@ def _new_run(args, defaults: dict, rounding_opts: tuple) -> tuple[Sequential, di
              keep_best=bool(args.keep_best))
     if s["step_every"] is None:
         s["step_every"] = max(1, s["epochs"] // 3)
+    if s["bn_lr_bits"] is None:         # recorded as a number: runs saved before the option resume with lr_bits
+        s["bn_lr_bits"] = max(0, s["lr_bits"] - 1)
     _check_settings(s)
     out = Path(args.out)
     if out.exists() and not args.force:     # judged before training, not after an hour of it
@@ -142,7 +144,7 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
     best = None
     if args.resume and s["keep_best"] and state["best"] is not None:
         best = load_model(out)                               # the folder's model files are the best epoch's
-    rule = _step_rule(s)
+    rule = _step_rule(s, any(p.role == "norm" for p in model.params()))
     print(f"train: {len(x)} samples, {sum(p.acc.size for p in model.params())} weights, "
           f"{model.desc['weight_bits']}-bit weight accumulators, {s['lr_mode']} rule ({rule}), {s['schedule']} "
           f"schedule, {spe} steps/epoch, rounding {'/'.join(model.desc['rounding'].values())}"

@@ -53,7 +53,8 @@ class IntegerOnlyConfig:
             NITI-style); docs §7.
         lr_bits: the norm rule's largest step, 0..14 (default 10, as ``python -m inttrain.micro train``).
         lr_shift: the shift rule's learning rate ``2**-lr_shift`` (0..62; used only with ``lr_mode="shift"``).
-        bn_lr_bits: the norm rule's largest step for batch-norm gamma / beta, 0..14 (``None``: ``lr_bits``).
+        bn_lr_bits: the norm rule's largest step for batch-norm gamma / beta, 0..14 (``None``, the default:
+            ``lr_bits - 1``, as ``python -m inttrain.micro train``).
         momentum_shift: ``None`` (plain SGD) or ``m`` for beta = 1 - 2**-m (1..16).
         adapt_exp: halve a tensor (exponent + 1) once it reaches half its code range (no saturated weights).
         decay_shift: ``None`` or ``D``: weight decay ``W -= rne(W / 2**D)`` per step (1..30).
@@ -252,4 +253,5 @@ def optimizer(model: T.Sequential, config: IntegerOnlyConfig | None = None) -> T
     config = config or IntegerOnlyConfig()
     return T.SGD(model.params(), config.lr_shift, config.momentum_shift, config.update_rounding,
                  lr_mode=config.lr_mode, lr_bits=config.lr_bits, adapt_exp=config.adapt_exp,
-                 decay_shift=config.decay_shift, bn_lr_bits=config.bn_lr_bits)
+                 decay_shift=config.decay_shift,
+                 bn_lr_bits=max(0, config.lr_bits - 1) if config.bn_lr_bits is None else config.bn_lr_bits)
