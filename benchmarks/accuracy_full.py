@@ -146,8 +146,8 @@ def add_job_args(p: argparse.ArgumentParser, out: str, variants: list[str]) -> N
     p.add_argument("--list", action="store_true", help="List jobs and their state, run nothing.")
     p.add_argument("--report", action="store_true", help="Write the report from OUT/results.jsonl, run nothing.")
     p.add_argument("--carry", action="store_true",
-                   help="Pack each started, unfinished, not running job's run folder (best-epoch checkpoints left "
-                        "out) into OUT/carry/JOB.tar.gz to commit, run nothing: a later machine unpacks it when it "
+                   help="Pack each started, unfinished, not running job's run folder (best-epoch checkpoints and "
+                        "integer-only data files left out) into OUT/carry/JOB.tar.gz to commit, run nothing: a later machine unpacks it when it "
                         "claims the job and resumes it; the archive is deleted when the job finishes.")
 
 
@@ -279,11 +279,19 @@ def pack_carry(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(dest.name + ".tmp")
             with tarfile.open(tmp, "w:gz") as tar:
-                tar.add(folder, arcname=folder.name,
-                        filter=lambda info: None if Path(info.name).name.startswith("best.") else info)
+                tar.add(folder, arcname=folder.name, filter=_carried)
             os.replace(tmp, dest)
             written.append(dest)
     return written
+
+
+def _carried(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """What an archive keeps: not the best-epoch checkpoints, not the integer-only job's data files (60 MB of
+    codes that the job writes again, bit for bit, from the dataset when it resumes without them)."""
+    name = Path(info.name)
+    if name.name.startswith("best.") or (len(name.parts) == 2 and name.suffix == ".npz"):
+        return None
+    return info
 
 
 def unpack_carry(args: argparse.Namespace, job: tuple[str, int]) -> bool:
@@ -420,6 +428,9 @@ def run_integer_only_job(args: argparse.Namespace, seed: int, splits: Any, base:
     started = time.time()
     resumed = (run_dir / "checkpoint.json").is_file()
     if resumed:
+        for part, dataset in (("train", splits.train), ("val", splits.val)):  # not carried (see _carried)
+            if not (folder / f"{part}.npz").is_file():
+                _codes_npz(folder / f"{part}.npz", dataset)
         code = micro_main(["train", "--resume", str(run_dir), "--log-every", "25"])
     else:
         try:

@@ -136,6 +136,16 @@ def test_carry_packs_an_unfinished_job_and_a_fresh_machine_resumes_it(bench, tmp
     assert bench.main([*common, "--carry"]) == 0 and not archive.exists()  # a finished job is not packed
 
 
+def test_carry_leaves_out_best_checkpoints_and_the_integer_only_data_files(bench) -> None:
+    import tarfile
+
+    kept = lambda name: bench._carried(tarfile.TarInfo(name)) is not None  # noqa: E731
+    assert kept("int8-s0/checkpoints/last.state.pt") and kept("integer-only-s0/micro/checkpoint.json")
+    assert kept("integer-only-s0/init/weights.safetensors") and kept("integer-only-s0/micro/train.npz")
+    assert not kept("int8-s0/checkpoints/best.safetensors") and not kept("integer-only-s0/train.npz")
+    assert not kept("integer-only-s0/val.npz")
+
+
 def test_integer_only_on_a_model_convert_refuses_is_a_skipped_row(bench, tmp_path: Path) -> None:
     """mobilenetv2 (grouped convolutions, no as_sequential()): one skipped row with the converter's reason, no
     run folder, and nothing trained."""
