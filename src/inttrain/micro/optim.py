@@ -41,6 +41,11 @@ COS_Q8 = tuple(int(math.floor(128 * (1 + math.cos(math.pi * i / 256)) + 0.5)) fo
 COS_Q8_SUM = sum(COS_Q8)
 
 
+def default_bn_lr_bits(lr_bits: int) -> int:
+    """The batch-norm gamma / beta step both engines default to: half the weights' (docs §7, cifar-bncnn)."""
+    return max(0, int(lr_bits) - 1)
+
+
 class Schedule:
     """Integer step-size multiplier (Q8, 0..256) as a function of the global step.
 

@@ -16,7 +16,7 @@ from .errors import MicroFormatError
 from .io import read_json
 from .model import (EpochState, Sequential, check_input, evaluate, load_data, load_model, run_epoch,
                     validate_description)
-from .optim import SGD, Schedule, saturation
+from .optim import SGD, Schedule, default_bn_lr_bits, saturation
 
 _RANGES = {"epochs": (0, 1 << 20), "batch_size": (1, 1 << 24), "lr_bits": (0, 14), "bn_lr_bits": (0, 14),
            "lr_shift": (0, 62),
@@ -57,7 +57,7 @@ def _new_run(args, defaults: dict, rounding_opts: tuple) -> tuple[Sequential, di
     if s["step_every"] is None:
         s["step_every"] = max(1, s["epochs"] // 3)
     if s["bn_lr_bits"] is None:         # recorded as a number: runs saved before the option resume with lr_bits
-        s["bn_lr_bits"] = max(0, s["lr_bits"] - 1)
+        s["bn_lr_bits"] = default_bn_lr_bits(s["lr_bits"])
     _check_settings(s)
     out = Path(args.out)
     if out.exists() and not args.force:     # judged before training, not after an hour of it

@@ -37,6 +37,7 @@ from torch import nn
 from .. import integer_only as T
 from .. import micro
 from ..micro.ops import ROUNDING_MODES, qmax
+from ..micro.optim import default_bn_lr_bits
 
 __all__ = ["IntegerOnlyConfig", "convert", "optimizer", "describe", "float_to_codes"]
 
@@ -254,4 +255,4 @@ def optimizer(model: T.Sequential, config: IntegerOnlyConfig | None = None) -> T
     return T.SGD(model.params(), config.lr_shift, config.momentum_shift, config.update_rounding,
                  lr_mode=config.lr_mode, lr_bits=config.lr_bits, adapt_exp=config.adapt_exp,
                  decay_shift=config.decay_shift,
-                 bn_lr_bits=max(0, config.lr_bits - 1) if config.bn_lr_bits is None else config.bn_lr_bits)
+                 bn_lr_bits=default_bn_lr_bits(config.lr_bits) if config.bn_lr_bits is None else config.bn_lr_bits)
