@@ -2,7 +2,8 @@
 
 - :mod:`.matmul`: int8/int16 GEMMs on ``torch._int_mm`` (oneDNN's AVX512-VNNI GEMM on x86 CPUs, cuBLASLt on
   CUDA), or on AMX tiles (:mod:`.native`, ``gemm_amx.c``) where the CPU has AMX-INT8.
-- :mod:`.conv`: int8 convolution forward / input-gradient / weight-gradient (oneDNN int8 conv + GEMMs on CPU),
+- :mod:`.conv`: int8 convolution forward / input-gradient / weight-gradient (native VNNI or AMX kernels on CPU,
+  oneDNN int8 conv + GEMMs where they cannot run),
   :mod:`.conv_generic` (im2col + GEMM, any device) and :mod:`.conv_reference` (the exact oracle).
 - :mod:`.fused`: the quantize and dequantize passes around them, fused with ``torch.compile``.
 """
@@ -31,13 +32,18 @@ def describe() -> dict[str, str]:
         cpu_int = "native AMX int8 GEMM (kernels/native/gemm_amx.c)"
     else:
         cpu_int = "torch._int_mm (oneDNN int8 GEMM)" if has_int_mm("cpu") else "int64 reference (slow, exact)"
+    amx_conv, amx_wgrad = "", ""
+    if native.conv_kernel("forward", 16, (1, 1), (1, 1)) == "amx":
+        amx_conv = "AMX implicit GEMM at stride 1 (kernels/native/conv_amx.c), else "
+    if native.conv_kernel("weight_grad", 16, (1, 1), (1, 1)) == "amx":
+        amx_wgrad = "AMX tiles at stride 1 with in-channels a multiple of 16 (kernels/native/conv.c), else "
     info = {
         "linear (cpu)": cpu_int,
-        "conv2d forward/input grad (cpu)": ("native AVX512-VNNI implicit GEMM (kernels/native/conv.c; uint8 "
-                                            "activations, zero point 128), oneDNN int8 convolution where it "
+        "conv2d forward/input grad (cpu)": (amx_conv + "native AVX512-VNNI implicit GEMM (kernels/native/conv.c; "
+                                            "uint8 activations, zero point 128), oneDNN int8 convolution where it "
                                             "cannot run (grouped, input channels not a multiple of 4, no VNNI)"),
-        "conv2d weight grad (cpu)": ("native AVX512-VNNI kernel (kernels/native/conv.c), else torch._int_mm: "
-                                     "shifted GEMMs (<= 16 in-channels) or im2col per batch chunk"),
+        "conv2d weight grad (cpu)": (amx_wgrad + "native AVX512-VNNI kernel (kernels/native/conv.c), else "
+                                     "torch._int_mm: shifted GEMMs (<= 16 in-channels) or im2col per batch chunk"),
         "quantize/epilogue fusion": "torch.compile" if compile_enabled() else "eager (INTTRAIN_COMPILE=0)",
         "cpu capability": str(torch.backends.cpu.get_cpu_capability()),
     }

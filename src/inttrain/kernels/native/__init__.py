@@ -27,12 +27,14 @@ from ..workspace import scratch
 
 __all__ = ["NativeLibrary", "LIBRARY", "QUANTIZE_LIBRARY", "available", "quantize_available",
            "conv2d_weight_grad_int", "conv2d_weight_grad_float", "quantize_rows_cols",
-           "conv_forward_supported", "conv2d_forward_u8s8", "GEMM_LIBRARY", "amx_available", "int8_mm_amx"]
+           "conv_forward_supported", "conv2d_forward_u8s8", "GEMM_LIBRARY", "amx_available", "int8_mm_amx",
+           "CONV_AMX_LIBRARY", "conv_amx_available", "conv_kernel"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
 _QUANTIZE_SOURCE = Path(__file__).with_name("quantize.c")
 _GEMM_SOURCE = Path(__file__).with_name("gemm_amx.c")
+_CONV_AMX_SOURCE = Path(__file__).with_name("conv_amx.c")
 # -fopenmp: the parallel sections run on torch's OpenMP team (libgomp.so.1, already loaded by torch)
 _FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fopenmp", "-std=c11")
 
@@ -119,6 +121,13 @@ def _setup_conv(lib: ctypes.CDLL) -> None:
     lib.inttrain_wgrad_f32.restype = ctypes.c_int
     lib.inttrain_wgrad_f32.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6
                                        + [ctypes.c_int64])
+    lib.inttrain_conv_amx_ready.restype = ctypes.c_int
+    lib.inttrain_wgrad_amx_scratch.restype = None
+    lib.inttrain_wgrad_amx_scratch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.inttrain_wgrad_u8s8_amx.restype = ctypes.c_int
+    lib.inttrain_wgrad_u8s8_amx.argtypes = lib.inttrain_wgrad_u8s8.argtypes
+    lib.inttrain_wgrad_f32_amx.restype = ctypes.c_int
+    lib.inttrain_wgrad_f32_amx.argtypes = lib.inttrain_wgrad_f32.argtypes
     lib.inttrain_conv_fwd_u8s8.restype = ctypes.c_int
     lib.inttrain_conv_lane_width.restype = ctypes.c_int64
     lib.inttrain_conv_lane_width.argtypes = [ctypes.c_int64] * 5
@@ -146,9 +155,21 @@ def _setup_gemm(lib: ctypes.CDLL) -> None:
     lib.inttrain_gemm_s8s8s32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64]
 
 
+def _setup_conv_amx(lib: ctypes.CDLL) -> None:
+    lib.inttrain_conv_has_amx.restype = ctypes.c_int
+    if not lib.inttrain_conv_has_amx():
+        raise RuntimeError("this CPU has no AMX-INT8 (or the kernel does not let this process use its tiles)")
+    lib.inttrain_conv_amx_scratch.restype = ctypes.c_int64
+    lib.inttrain_conv_amx_scratch.argtypes = [ctypes.c_void_p]
+    lib.inttrain_conv_fwd_amx_u8s8.restype = ctypes.c_int
+    lib.inttrain_conv_fwd_amx_u8s8.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p,
+                                               ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64])
+
+
 LIBRARY = NativeLibrary(_SOURCE)
 QUANTIZE_LIBRARY = NativeLibrary(_QUANTIZE_SOURCE, setup=_setup_quantize)
 GEMM_LIBRARY = NativeLibrary(_GEMM_SOURCE, setup=_setup_gemm)
+CONV_AMX_LIBRARY = NativeLibrary(_CONV_AMX_SOURCE, setup=_setup_conv_amx)
 
 
 def available() -> bool:
@@ -164,6 +185,25 @@ def quantize_available() -> bool:
 def amx_available() -> bool:
     """Whether the AMX int8 GEMM runs on this machine (builds it on first call)."""
     return GEMM_LIBRARY.load() is not None
+
+
+def conv_amx_available() -> bool:
+    """Whether the AMX int8 convolution runs on this machine (builds it on first call)."""
+    return CONV_AMX_LIBRARY.load() is not None
+
+
+def conv_kernel(kind: str, ci: int, stride: tuple[int, int], dilation: tuple[int, int]) -> str:
+    """Which native kernel runs an ungrouped convolution on this machine: ``"amx"`` or ``"vnni"``.
+
+    ``kind``: ``"forward"`` (also the input gradient's sub-pixel convolution) takes AMX tiles at stride 1 without
+    dilation (``conv_amx.c``); ``"weight_grad"`` at stride 1 with Ci a multiple of 16 (``conv.c``).
+    """
+    if kind == "forward":
+        return "amx" if tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and conv_amx_available() else "vnni"
+    if kind == "weight_grad":
+        lib = LIBRARY.load()
+        return "amx" if tuple(stride) == (1, 1) and ci % 16 == 0 and lib is not None and lib.inttrain_conv_amx_ready() else "vnni"
+    raise ValueError(f"kind must be 'forward' or 'weight_grad', got {kind!r}")
 
 
 def int8_mm_amx(a: Tensor, b: Tensor, out: Tensor | None = None, threads: int | None = None) -> Tensor:
@@ -263,12 +303,16 @@ def _int64_array(values: list[int]) -> ctypes.Array:
 
 
 def _wgrad_buffers(n: int, co: int, ci: int, h: int, w: int, ho: int, wo: int, kw: int, padding: tuple[int, int],
-                   stride: tuple[int, int], dilation: tuple[int, int], device: torch.device):
-    """The packing scratch of the weight-gradient kernel: (gp, xph, phase row width)."""
+                   stride: tuple[int, int], dilation: tuple[int, int], device: torch.device,
+                   allocate: bool = True) -> tuple[Tensor | None, Tensor | None, int]:
+    """The packing scratch of the VNNI weight-gradient kernel: (gp, xph, phase row width); only the width
+    when not ``allocate`` (the AMX kernel sizes its own)."""
     (ph, pw), sw, dw = padding, stride[1], dilation[1]
     cot, wo4 = -(-co // 16), -(-wo // 4)
     # Each phase row holds the padded columns of its phase and the 4-pixel groups' overreach.
     width = max(-(-(w + 2 * pw) // sw), (dw * (kw - 1)) // sw + 4 * wo4)
+    if not allocate:
+        return None, None, width
     gp = scratch((n * cot * ho * wo4 * 64,), torch.int8, device)
     xph = scratch((n * ci * (h + 2 * ph) * sw * width,), torch.uint8, device)
     return gp, xph, width
@@ -276,23 +320,32 @@ def _wgrad_buffers(n: int, co: int, ci: int, h: int, w: int, ho: int, wo: int, k
 
 def _run_wgrad(g: Tensor, xu8: Tensor, weight_shape: tuple, stride: tuple[int, int], padding: tuple[int, int],
                dilation: tuple[int, int], threads: int | None, float_args: tuple | None) -> Tensor:
-    """Call one of the two entry points of ``conv.c`` (``float_args``: (scale, per_channel, qmax, sr, seed))."""
+    """Call one of the entry points of ``conv.c`` (``float_args``: (scale, per_channel, qmax, sr, seed)): on AMX
+    tiles where the CPU has them and the convolution suits them (stride 1, Ci a multiple of 16), else VNNI."""
     lib = LIBRARY.load()
     if lib is None:
         raise RuntimeError(f"native kernels unavailable: {LIBRARY.reason}")
     co, ci, kh, kw = (int(v) for v in weight_shape)
     n, _, h, w = (int(v) for v in xu8.shape)
     ho, wo = int(g.shape[2]), int(g.shape[3])
-    gp, xph, width = _wgrad_buffers(n, co, ci, h, w, ho, wo, kw, padding, stride, dilation, g.device)
+    amx = conv_kernel("weight_grad", ci, stride, dilation) == "amx"
+    gp, xph, width = _wgrad_buffers(n, co, ci, h, w, ho, wo, kw, padding, stride, dilation, g.device, not amx)
     out = torch.empty((co, ci * kh * kw), dtype=torch.int64)
     dims = _int64_array([n, co, ci, kh, kw, h, w, ho, wo, *padding, *stride, *dilation, width,
                          int(xu8.dtype == torch.int8)])
+    if amx:
+        sizes = (ctypes.c_int64 * 2)()
+        lib.inttrain_wgrad_amx_scratch(dims, sizes)
+        gp = scratch((int(sizes[0]),), torch.int8, g.device)
+        xph = scratch((int(sizes[1]),), torch.uint8, g.device)
     tail = (xu8.data_ptr(), _int64_array(list(xu8.stride())), dims, gp.data_ptr(), xph.data_ptr(), out.data_ptr(),
             threads or torch.get_num_threads())
     if float_args is None:
-        status = lib.inttrain_wgrad_u8s8(g.data_ptr(), _int64_array(list(g.stride())), *tail)
+        entry = lib.inttrain_wgrad_u8s8_amx if amx else lib.inttrain_wgrad_u8s8
+        status = entry(g.data_ptr(), _int64_array(list(g.stride())), *tail)
     else:
-        status = lib.inttrain_wgrad_f32(g.data_ptr(), _int64_array(list(g.stride())), *float_args, *tail)
+        entry = lib.inttrain_wgrad_f32_amx if amx else lib.inttrain_wgrad_f32
+        status = entry(g.data_ptr(), _int64_array(list(g.stride())), *float_args, *tail)
     if status != 0:
         raise RuntimeError(f"native weight gradient failed (status {status})")
     return out.view(co, ci, kh, kw)
@@ -376,14 +429,22 @@ def conv2d_forward_u8s8(
         return out
     x, w_codes = xu8.contiguous(memory_format=torch.channels_last), wq.contiguous()  # held: C reads them
     scale = w_scale.reshape(-1).to(torch.float32).contiguous()
-    if co <= 16 and (sh, sw) == (1, 1):  # the pixels-in-lanes kernel repacks x (see conv.c)
-        xp = scratch((n * (h + 2 * ph) * ci * lib.inttrain_conv_lane_width(w, pw, wo, kw, dw),), torch.uint8, xu8.device)
-    else:
-        xp = scratch((n * (h + 2 * ph) * (w + 2 * pw) * ci,), torch.uint8, xu8.device) if ph or pw else x
     dims = _int64_array([n, ci, h, w, co, kh, kw, ho, wo, ph, pw, sh, sw, dh, dw])
-    status = lib.inttrain_conv_fwd_u8s8(x.data_ptr(), w_codes.data_ptr(), float(x_scale), scale.data_ptr(),
-                                        int(scale.numel() > 1), dims, xp.data_ptr(), out.data_ptr(),
-                                        threads or torch.get_num_threads())
+    args = (float(x_scale), scale.data_ptr(), int(scale.numel() > 1), dims)
+    threads = threads or torch.get_num_threads()
+    if conv_kernel("forward", ci, stride, dilation) == "amx":  # AMX tiles (conv_amx.c)
+        amx = CONV_AMX_LIBRARY.load()
+        xp = scratch((amx.inttrain_conv_amx_scratch(dims),), torch.uint8, xu8.device)
+        status = amx.inttrain_conv_fwd_amx_u8s8(x.data_ptr(), w_codes.data_ptr(), *args, xp.data_ptr(),
+                                                out.data_ptr(), threads)
+    else:
+        if co <= 16 and (sh, sw) == (1, 1):  # the pixels-in-lanes kernel repacks x (see conv.c)
+            lane = lib.inttrain_conv_lane_width(w, pw, wo, kw, dw)
+            xp = scratch((n * (h + 2 * ph) * ci * lane,), torch.uint8, xu8.device)
+        else:
+            xp = scratch((n * (h + 2 * ph) * (w + 2 * pw) * ci,), torch.uint8, xu8.device) if ph or pw else x
+        status = lib.inttrain_conv_fwd_u8s8(x.data_ptr(), w_codes.data_ptr(), *args, xp.data_ptr(), out.data_ptr(),
+                                            threads)
     if status != 0:
         raise RuntimeError(f"native convolution failed (status {status})")
     return out

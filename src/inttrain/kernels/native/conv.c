@@ -28,12 +28,15 @@
  * Overflow: |g * x| <= 128 * 255 < 2^15, so an int32 lane holds 2^16 products; images are
  * processed in chunks of at most 2^16 / (Ho * Wo4 * 4) and flushed to int64 after each.
  */
+#define _GNU_SOURCE /* syscall() (amx_tiles.h) under -std=c11 */
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx_tiles.h"
+#include "padded_copy.h"
 #include "simd_quantize.h"
 
 #define TILE_J 24 /* weight columns per register tile: 24 accumulators + g + broadcast */
@@ -42,6 +45,14 @@ int inttrain_has_vnni(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vnni");
+}
+
+static int amx_state = -1; /* -1: not checked yet (the check is idempotent, so a race only repeats it) */
+
+/* 1 when the AMX weight gradient can run (AMX-INT8, tile permission, and the VNNI packers' AVX512). */
+int inttrain_conv_amx_ready(void) {
+    if (amx_state < 0) amx_state = amx_check();
+    return amx_state && inttrain_has_vnni();
 }
 
 typedef struct {
@@ -62,6 +73,9 @@ typedef struct {
     int64_t x_signed; /* x holds int8 codes q (not q + 128): flip the sign bit while packing */
     int64_t chunk; /* images per int32 flush */
     int64_t first_tile, last_tile, tiles_j, first_image, last_image;
+    int64_t kq;   /* AMX kernel: grid pixels per image, a multiple of 64 */
+    int32_t *part; /* AMX kernel: this thread's int32 sums of the current chunk */
+    int64_t *acc;  /* AMX kernel: this thread's int64 sums */
 } wgrad_job;
 
 #define PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -332,14 +346,19 @@ static void parallel(void *(*fn)(void *), wgrad_job *jobs, int64_t threads) {
 }
 
 /* The shared body of both entry points: base has the operands set; dims as documented below. */
+/* The job's sizes and strides from the entry points' arguments (dims as documented below). */
+static void setup_wgrad(wgrad_job *base, const int64_t *gs, const int64_t *xs, const int64_t *dims) {
+    for (int i = 0; i < 4; ++i) base->gs[i] = gs[i], base->xs[i] = xs[i];
+    base->n = dims[0], base->co = dims[1], base->ci = dims[2], base->kh = dims[3], base->kw = dims[4];
+    base->h = dims[5], base->w = dims[6], base->ho = dims[7], base->wo = dims[8];
+    base->pad_h = dims[9], base->pad_w = dims[10], base->stride_h = dims[11], base->stride_w = dims[12];
+    base->dil_h = dims[13], base->dil_w = dims[14], base->wph = dims[15], base->x_signed = dims[16];
+    base->wo4 = (base->wo + 3) / 4, base->hp = base->h + 2 * base->pad_h;
+}
+
 static int run_wgrad(wgrad_job base, const int64_t *gs, const int64_t *xs, const int64_t *dims, int64_t threads) {
     if (!inttrain_has_vnni()) return 1;
-    for (int i = 0; i < 4; ++i) base.gs[i] = gs[i], base.xs[i] = xs[i];
-    base.n = dims[0], base.co = dims[1], base.ci = dims[2], base.kh = dims[3], base.kw = dims[4];
-    base.h = dims[5], base.w = dims[6], base.ho = dims[7], base.wo = dims[8];
-    base.pad_h = dims[9], base.pad_w = dims[10], base.stride_h = dims[11], base.stride_w = dims[12];
-    base.dil_h = dims[13], base.dil_w = dims[14], base.wph = dims[15], base.x_signed = dims[16];
-    base.wo4 = (base.wo + 3) / 4, base.hp = base.h + 2 * base.pad_h;
+    setup_wgrad(&base, gs, xs, dims);
     int64_t pixels = base.ho * base.wo4 * 4;
     base.chunk = pixels > 0 && ((int64_t)1 << 16) / pixels > 0 ? ((int64_t)1 << 16) / pixels : 1;
     const int64_t columns = base.ci * base.kh * base.kw;
@@ -373,16 +392,32 @@ static int run_wgrad(wgrad_job base, const int64_t *gs, const int64_t *xs, const
     return 0;
 }
 
+/* The operands of the int8-gradient entry points. */
+static wgrad_job code_job(const int8_t *g, const void *x, int8_t *gp, uint8_t *xph, int64_t *out) {
+    wgrad_job base;
+    memset(&base, 0, sizeof base);
+    base.g = g, base.x = x, base.gp = gp, base.xph = xph, base.out = out;
+    return base;
+}
+
+/* The operands of the float-gradient entry points (the gradient quantized while it is packed). */
+static wgrad_job float_job(const float *gf, const float *gscale, int64_t per_channel, int64_t qmax, int64_t sr,
+                           int64_t seed, const void *x, int8_t *gp, uint8_t *xph, int64_t *out) {
+    wgrad_job base;
+    memset(&base, 0, sizeof base);
+    base.gf = gf, base.gscale = gscale, base.gscale_per_channel = per_channel, base.qmax = (float)qmax;
+    base.sr = sr, base.seed = (uint32_t)seed;
+    base.x = x, base.gp = gp, base.xph = xph, base.out = out;
+    return base;
+}
+
 /* dims: N, Co, Ci, KH, KW, H, W, Ho, Wo, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, wph, x_signed.
  * gp: int8 scratch of N * ceil(Co/16) * Ho * ceil(Wo/4) * 64 bytes; xph: uint8 scratch of
  * N * Ci * (H + 2 pad_h) * stride_w * wph bytes.  out: int64 [Co, Ci*KH*KW], the exact sums of g * q.
  * Returns 0 on success, 1 when the CPU lacks AVX512-VNNI, 2 when out of memory. */
 int inttrain_wgrad_u8s8(const int8_t *g, const int64_t *gs, const void *x, const int64_t *xs, const int64_t *dims,
                         int8_t *gp, uint8_t *xph, int64_t *out, int64_t threads) {
-    wgrad_job base;
-    memset(&base, 0, sizeof base);
-    base.g = g, base.x = x, base.gp = gp, base.xph = xph, base.out = out;
-    return run_wgrad(base, gs, xs, dims, threads);
+    return run_wgrad(code_job(g, x, gp, xph, out), gs, xs, dims, threads);
 }
 
 /* inttrain_wgrad_u8s8 on a float32 gradient gf [N, Co, Ho, Wo] (strides gs), quantized while it is packed:
@@ -392,12 +427,230 @@ int inttrain_wgrad_u8s8(const int8_t *g, const int64_t *gs, const void *x, const
 int inttrain_wgrad_f32(const float *gf, const int64_t *gs, const float *gscale, int64_t per_channel, int64_t qmax,
                        int64_t sr, int64_t seed, const void *x, const int64_t *xs, const int64_t *dims, int8_t *gp,
                        uint8_t *xph, int64_t *out, int64_t threads) {
-    wgrad_job base;
-    memset(&base, 0, sizeof base);
-    base.gf = gf, base.gscale = gscale, base.gscale_per_channel = per_channel, base.qmax = (float)qmax;
-    base.sr = sr, base.seed = (uint32_t)seed;
-    base.x = x, base.gp = gp, base.xph = xph, base.out = out;
-    return run_wgrad(base, gs, xs, dims, threads);
+    return run_wgrad(float_job(gf, gscale, per_channel, qmax, sr, seed, x, gp, xph, out), gs, xs, dims, threads);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The same weight gradient on AMX tiles (stride 1, Ci a multiple of 16), for CPUs whose bf16 convolutions
+ * run on AMX: there the VNNI kernel above is ~3x slower than bf16's weight gradient.
+ *
+ * The reduction runs over "grid" pixels q = oh * wph + ow of each image (the layout of pack_input's xph
+ * rows): for tap (kh, kw), grid pixel q reads xph[ci][q + kh dh wph + kw dw], so 64 consecutive grid pixels
+ * of one input channel are 64 consecutive bytes.  An A tile is 16 input channels (rows, at xph's channel
+ * stride) x 64 grid pixels, read in place; a B tile is the gradient codes of the same 64 grid pixels x 16
+ * output channels in VNNI order, packed here with zeros wherever ow >= Wo or oh >= Ho: the extra pixels an A
+ * tile reads (the right border, and up to 63 past the last row) meet zero codes.  A C tile accumulates 16
+ * input channels x 16 output channels of one tap: rows r = tap * (Ci / 16) + ci / 16 of an int32 matrix
+ * part[16 R][16 CoT] that is flushed to int64 every chunk of images (2^16 products per int32 sum at most).
+ *
+ * Each thread packs and reduces its own images, so there is no barrier between packing and compute, and
+ * the packed images are still in cache when the tiles read them; the threads' int64 sums are added at the
+ * end.  Layout of gp here: [N][CoT][kq / 4][16][4], kq = Ho * wph rounded up to 64. */
+
+#define AMX_TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* Grid-layout gradient codes for images [first_image, last_image), and their per-channel sums. */
+PACK_TARGET static void pack_gradient_grid(const wgrad_job *job) {
+    const int64_t cot_n = (job->co + 15) / 16, kq = job->kq, grid = job->ho * job->wph;
+    const __m512i dword_t = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i ones = _mm512_set1_epi8(1);
+    const __m512i byte_t = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    for (int64_t n = job->first_image; n < job->last_image; ++n)
+        for (int64_t t = 0; t < cot_n; ++t) {
+            __m512i sums = _mm512_setzero_si512();
+            int32_t lanes[16];
+            int8_t *dst = job->gp + (n * cot_n + t) * kq * 16;
+            for (int64_t q0 = 0; q0 < kq; q0 += 4, dst += 64) {
+                __m512i v = _mm512_setzero_si512();
+                for (int i = 0; i < 4; ++i) {
+                    const int64_t q = q0 + i, oh = q / job->wph, ow = q % job->wph;
+                    if (q >= grid || ow >= job->wo) continue;
+                    const __m128i c = pixel_codes(job, n, t, oh, ow);
+                    v = i == 0 ? _mm512_inserti32x4(v, c, 0) : i == 1 ? _mm512_inserti32x4(v, c, 1)
+                      : i == 2 ? _mm512_inserti32x4(v, c, 2) : _mm512_inserti32x4(v, c, 3);
+                }
+                v = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(dword_t, v), byte_t);
+                _mm512_storeu_si512((void *)dst, v);
+                sums = _mm512_dpbusd_epi32(sums, ones, v);
+            }
+            _mm512_storeu_si512((void *)lanes, sums);
+            for (int64_t l = 0; l < 16 && 16 * t + l < job->co; ++l) job->gsum[16 * t + l] += lanes[l];
+        }
+}
+
+/* OP (load or store) on a block's accumulator tiles 0-3 in part (c: its first cell, ldc: part's row length). */
+#define WGRAD_C_TILES(OP, MR, NC)         \
+    do {                                  \
+        if ((NC) == 2) {                  \
+            OP(0, c, ld);                 \
+            OP(1, c + 16, ld);            \
+            OP(2, c + 16 * ldc, ld);      \
+            OP(3, c + 16 * ldc + 16, ld); \
+        } else {                          \
+            OP(0, c, ld);                 \
+            if ((MR) == 4) {              \
+                OP(1, c + 16 * ldc, ld);  \
+                OP(2, c + 32 * ldc, ld);  \
+                OP(3, c + 48 * ldc, ld);  \
+            }                             \
+        }                                 \
+    } while (0)
+
+/* Accumulator tiles for rows r0 .. r0 + MR - 1 x output-channel tiles c0 .. c0 + NC - 1 (MR * NC <= 4; C tiles
+ * 0-3, A tiles 4-5, B tiles 6-7) over images [n0, n1): loaded from part, summed, stored back. */
+#define WGRAD_AMX_BLOCK(NAME, MR, NC)                                                                          \
+    AMX_TARGET static void NAME(const wgrad_job *job, const int64_t *aoff, int64_t r0, int64_t c0, int64_t n0,  \
+                                int64_t n1, int32_t *part, int64_t ldc) {                                       \
+        const int64_t s_ci = job->hp * job->wph, s_n = job->ci * s_ci, kq = job->kq, panel = kq * 16;          \
+        const int64_t cot_n = (job->co + 15) / 16, ld = ldc * 4;                                               \
+        int32_t *c = part + 16 * r0 * ldc + 16 * c0;                                                           \
+        WGRAD_C_TILES(_tile_loadd, MR, NC);                                                                    \
+        for (int64_t n = n0; n < n1; ++n) {                                                                    \
+            const uint8_t *x = job->xph + n * s_n;                                                             \
+            const int8_t *g = job->gp + (n * cot_n + c0) * panel;                                              \
+            for (int64_t k0 = 0; k0 < kq; k0 += 64) {                                                          \
+                /* each load right after the last multiply that reads its register's old contents: tile     \
+                   registers are not renamed, so the load waits for that multiply only, not the next ones */  \
+                if ((NC) == 2) {                                                                               \
+                    _tile_loadd(4, x + aoff[r0] + k0, s_ci);                                                   \
+                    _tile_loadd(6, g + 16 * k0, 64);                                                           \
+                    _tile_dpbusd(0, 4, 6);                                                                     \
+                    _tile_loadd(7, g + panel + 16 * k0, 64);                                                   \
+                    _tile_dpbusd(1, 4, 7);                                                                     \
+                    _tile_loadd(5, x + aoff[r0 + 1] + k0, s_ci);                                               \
+                    _tile_dpbusd(2, 5, 6);                                                                     \
+                    _tile_dpbusd(3, 5, 7);                                                                     \
+                } else if ((MR) == 4) {                                                                        \
+                    _tile_loadd(6, g + 16 * k0, 64);                                                           \
+                    _tile_loadd(4, x + aoff[r0] + k0, s_ci);                                                   \
+                    _tile_dpbusd(0, 4, 6);                                                                     \
+                    _tile_loadd(5, x + aoff[r0 + 1] + k0, s_ci);                                               \
+                    _tile_dpbusd(1, 5, 6);                                                                     \
+                    _tile_loadd(4, x + aoff[r0 + 2] + k0, s_ci);                                               \
+                    _tile_dpbusd(2, 4, 6);                                                                     \
+                    _tile_loadd(5, x + aoff[r0 + 3] + k0, s_ci);                                               \
+                    _tile_dpbusd(3, 5, 6);                                                                     \
+                } else {                                                                                       \
+                    _tile_loadd(6, g + 16 * k0, 64);                                                           \
+                    _tile_loadd(4, x + aoff[r0] + k0, s_ci);                                                   \
+                    _tile_dpbusd(0, 4, 6);                                                                     \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        WGRAD_C_TILES(_tile_stored, MR, NC);                                                                   \
+    }
+
+WGRAD_AMX_BLOCK(wgrad_amx_2x2, 2, 2)
+WGRAD_AMX_BLOCK(wgrad_amx_4x1, 4, 1)
+WGRAD_AMX_BLOCK(wgrad_amx_1x1, 1, 1)
+
+/* Every accumulator tile of part over images [n0, n1): 2 x 2 blocks where two output-channel tiles pair up,
+ * 4 x 1 blocks down the rest, single tiles for the last rows. */
+AMX_TARGET static void wgrad_amx_blocks(const wgrad_job *job, const int64_t *aoff, int64_t rows, int64_t n0,
+                                        int64_t n1, int32_t *part, int64_t ldc) {
+    const int64_t cot_n = (job->co + 15) / 16, paired = cot_n / 2 * 2;
+    for (int64_t c0 = 0; c0 < paired; c0 += 2) {
+        int64_t r0 = 0;
+        for (; r0 + 2 <= rows; r0 += 2) wgrad_amx_2x2(job, aoff, r0, c0, n0, n1, part, ldc);
+        for (; r0 < rows; ++r0)
+            for (int64_t c = c0; c < c0 + 2; ++c) wgrad_amx_1x1(job, aoff, r0, c, n0, n1, part, ldc);
+    }
+    for (int64_t c0 = paired; c0 < cot_n; ++c0) {
+        int64_t r0 = 0;
+        for (; r0 + 4 <= rows; r0 += 4) wgrad_amx_4x1(job, aoff, r0, c0, n0, n1, part, ldc);
+        for (; r0 < rows; ++r0) wgrad_amx_1x1(job, aoff, r0, c0, n0, n1, part, ldc);
+    }
+}
+
+/* One thread: pack and reduce images [first_image, last_image) in chunks, into its int64 sums job->acc. */
+AMX_TARGET static void *run_amx_images(void *arg) {
+    const wgrad_job *job = (const wgrad_job *)arg;
+    const int64_t cit = job->ci / 16, taps = job->kh * job->kw, rows = taps * cit, ldc = 16 * ((job->co + 15) / 16);
+    const int64_t s_ci = job->hp * job->wph, cells = 16 * rows * ldc;
+    int64_t aoff[rows];
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t tap = r / cit, ky = tap / job->kw, kx = tap % job->kw;
+        aoff[r] = 16 * (r % cit) * s_ci + ky * job->dil_h * job->wph + kx * job->dil_w;
+    }
+    amx_configure_16x64();
+    for (int64_t n0 = job->first_image; n0 < job->last_image; n0 += job->chunk) {
+        wgrad_job part = *job; /* this chunk's images */
+        part.first_image = n0;
+        part.last_image = n0 + job->chunk < job->last_image ? n0 + job->chunk : job->last_image;
+        pack_gradient_grid(&part);
+        pack_input(&part);
+        memset(job->part, 0, sizeof(int32_t) * (size_t)cells);
+        wgrad_amx_blocks(job, aoff, rows, part.first_image, part.last_image, job->part, ldc);
+        for (int64_t i = 0; i < cells; ++i) job->acc[i] += job->part[i];
+    }
+    _tile_release();
+    return NULL;
+}
+
+/* inttrain_wgrad_amx_* share this: base has the operands set; dims as for inttrain_wgrad_u8s8. */
+static int run_wgrad_amx(wgrad_job base, const int64_t *gs, const int64_t *xs, const int64_t *dims, int64_t threads) {
+    if (!inttrain_conv_amx_ready()) return 1;
+    setup_wgrad(&base, gs, xs, dims);
+    if (base.stride_h != 1 || base.stride_w != 1 || base.ci % 16 != 0) return 3;
+    base.kq = (base.ho * base.wph + 63) / 64 * 64;
+    base.chunk = ((int64_t)1 << 16) / base.kq > 0 ? ((int64_t)1 << 16) / base.kq : 1;
+    const int64_t taps = base.kh * base.kw, columns = base.ci * taps, rows = taps * (base.ci / 16);
+    const int64_t ldc = 16 * ((base.co + 15) / 16), cells = 16 * rows * ldc;
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > base.n && base.n > 0) threads = base.n;
+    int64_t *sums = calloc((size_t)(threads * base.co), sizeof(int64_t));
+    int64_t *acc = calloc((size_t)(threads * cells), sizeof(int64_t));
+    int32_t *part = malloc(sizeof(int32_t) * (size_t)(threads * cells));
+    if (!sums || !acc || !part) {
+        free(sums), free(acc), free(part);
+        return 2;
+    }
+    wgrad_job jobs[MAX_THREADS];
+    for (int64_t t = 0; t < threads; ++t) {
+        jobs[t] = base;
+        jobs[t].gsum = sums + t * base.co, jobs[t].acc = acc + t * cells, jobs[t].part = part + t * cells;
+        jobs[t].first_image = base.n * t / threads, jobs[t].last_image = base.n * (t + 1) / threads;
+    }
+    parallel(run_amx_images, jobs, threads);
+    /* out[co][ci * taps + tap] = the threads' sums of row 16 r + ci % 16 (r = tap * Ci / 16 + ci / 16), column co,
+       less 128 * sum(g[co]) (x was read as q + 128) */
+    for (int64_t c = 0; c < base.co; ++c) {
+        int64_t total = 0;
+        for (int64_t t = 0; t < threads; ++t) total += sums[t * base.co + c];
+        for (int64_t ci = 0; ci < base.ci; ++ci)
+            for (int64_t tap = 0; tap < taps; ++tap) {
+                const int64_t cell = (16 * (tap * (base.ci / 16) + ci / 16) + ci % 16) * ldc + c;
+                int64_t v = -128 * total;
+                for (int64_t t = 0; t < threads; ++t) v += acc[t * cells + cell];
+                base.out[c * columns + ci * taps + tap] = v;
+            }
+    }
+    free(sums), free(acc), free(part);
+    return 0;
+}
+
+/* The scratch sizes of the AMX entry points (dims as below): out[0] = gp bytes, out[1] = xph bytes (the
+ * padded planes of pack_input, plus the 64 + dil_w (KW - 1) bytes the last tiles read past them). */
+void inttrain_wgrad_amx_scratch(const int64_t *dims, int64_t *out) {
+    const int64_t n = dims[0], co = dims[1], ci = dims[2], kw = dims[4], h = dims[5], ho = dims[7];
+    const int64_t wph = dims[15], kq = (ho * wph + 63) / 64 * 64;
+    out[0] = n * ((co + 15) / 16) * kq * 16;
+    out[1] = n * ci * (h + 2 * dims[9]) * wph + 64 + dims[14] * (kw - 1);
+}
+
+/* inttrain_wgrad_u8s8 and inttrain_wgrad_f32 on AMX tiles: same arguments, scratch sizes from
+ * inttrain_wgrad_amx_scratch.  Returns 0, 1 without AMX, 2 when out of memory, 3 when stride != 1 or
+ * Ci % 16 != 0 (use the VNNI kernel). */
+int inttrain_wgrad_u8s8_amx(const int8_t *g, const int64_t *gs, const void *x, const int64_t *xs,
+                            const int64_t *dims, int8_t *gp, uint8_t *xph, int64_t *out, int64_t threads) {
+    return run_wgrad_amx(code_job(g, x, gp, xph, out), gs, xs, dims, threads);
+}
+
+int inttrain_wgrad_f32_amx(const float *gf, const int64_t *gs, const float *gscale, int64_t per_channel,
+                           int64_t qmax, int64_t sr, int64_t seed, const void *x, const int64_t *xs,
+                           const int64_t *dims, int8_t *gp, uint8_t *xph, int64_t *out, int64_t threads) {
+    return run_wgrad_amx(float_job(gf, gscale, per_channel, qmax, sr, seed, x, gp, xph, out), gs, xs, dims, threads);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -641,20 +894,7 @@ int inttrain_conv_fwd_u8s8(const uint8_t *x, const int8_t *w, float x_scale, con
     }
     const uint8_t *src = x;
     if (ph || pw) { /* the padded copy: borders 128, rows copied */
-#ifdef _OPENMP
-#pragma omp parallel for num_threads((int)(threads < 1 ? 1 : threads)) schedule(static)
-#endif
-        for (int64_t r = 0; r < n * hp; ++r) {
-            const int64_t img = r / hp, y = r % hp - ph;
-            uint8_t *dst = xp + r * wpw * ci;
-            if (y < 0 || y >= h) {
-                memset(dst, 128, (size_t)(wpw * ci));
-                continue;
-            }
-            memset(dst, 128, (size_t)(pw * ci));
-            memcpy(dst + pw * ci, x + (img * h + y) * wd * ci, (size_t)(wd * ci));
-            memset(dst + (pw + wd) * ci, 128, (size_t)(pw * ci));
-        }
+        pad_channels_last_u8(x, n, h, wd, ci, ph, pw, xp, threads);
         src = xp;
     }
     fwd_job job = {src, wp, corr, scale, out, n * ho * wo, co, ci4, taps, kw, hp, wpw, ho, wo,

@@ -21,36 +21,14 @@
  * block of A runs across a chunk before the next chunk starts.
  */
 #define _GNU_SOURCE /* syscall() under -std=c11 */
-#include <cpuid.h>
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 #define CHUNK_BYTES (1 << 20) /* B bytes per column chunk (L2) */
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-/* 1 when the CPU has AMX-TILE and AMX-INT8 and Linux lets this process use the tile registers (the
- * permission is per process; oneDNN asks for it too, asking twice is harmless). */
-static int check_amx(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
 
 static int amx_state = -1; /* -1: not checked yet (the check is idempotent, so a race only repeats it) */
 
 int inttrain_has_amx(void) {
-    if (amx_state < 0) amx_state = check_amx();
+    if (amx_state < 0) amx_state = amx_check();
     return amx_state;
 }
 
@@ -182,14 +160,7 @@ __attribute__((target("amx-tile,amx-int8"))) static void compute(const int8_t *a
     const int64_t chunks = (np + chunk - 1) / chunk, mblocks = mp / 32;
 #pragma omp parallel num_threads((int)threads)
     {
-        tile_config cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.palette = 1;
-        for (int t = 0; t < 8; ++t) {
-            cfg.rows[t] = 16;
-            cfg.colsb[t] = 64;
-        }
-        _tile_loadconfig(&cfg);
+        amx_configure_16x64();
         int32_t edge[32 * 32];
         for (int64_t ch = 0; ch < chunks; ++ch)
             /* the threads split the rows of A and share one chunk of B: one copy of it in a shared L2 */
