@@ -32,7 +32,8 @@ with full-budget ones in the report (it groups by the settings).
 Variants: ``fp32``, ``bf16``, ``int8``, ``int8-dataflow`` (int8 activations between layers), ``int8-nearest`` and ``int8-dataflow-nearest`` (the int8 recipe before
 its weight-gradient GEMM rounded stochastically by default: nearest rounding in all three GEMMs), ``int8-gsr`` /
 ``int8-dataflow-gsr`` (the input-gradient GEMM's output gradient rounded stochastically too), ``int8-fl`` / ``int8-dataflow-fl``
-(the first and last layer in float32), ``unified-int8``,
+(the first and last layer in float32), ``int8-bf16act`` (the int8 recipe with bfloat16 activations between layers:
+its forward under bf16 autocast), ``unified-int8``,
 ``sbm``, ``wageubn``, ``dorefa-8`` (k = 8 on every converted layer: a k-bit DoReFa value is a 9-bit GEMM code,
 which the convolutions take as two exact int8 halves), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
 cycles, gradients 8 bits) and ``integer-only`` (its own engine: the seeded float model converted by
@@ -83,6 +84,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "int8-dataflow-gsr": ({"recipe": "int8", "dataflow": True, "grad_rounding": "stochastic"}, 3),
     # the first conv and the classifier kept in float32 (--first-last-float), the rest as int8
     "int8-fl": ({"recipe": "int8", "first_last_float": True}, 3),
+    "int8-bf16act": ({"recipe": "int8", "bf16_activations": True}, 3),
     "int8-dataflow-fl": ({"recipe": "int8", "dataflow": True, "first_last_float": True}, 3),
     "unified-int8": ({"recipe": "unified-int8"}, 2),
     "sbm": ({"recipe": "sbm"}, 2),
@@ -99,6 +101,7 @@ TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8": ("fp32", 0.2, None), "int8-dataflow": ("fp32", 0.2, None), "int8-nearest": ("fp32", 0.2, None),
     "int8-dataflow-nearest": ("fp32", 0.2, None),
     "int8-gsr": ("fp32", 0.2, None), "int8-dataflow-gsr": ("fp32", 0.2, None), "int8-fl": ("fp32", 0.2, None),
+    "int8-bf16act": ("fp32", 0.2, None),
     "int8-dataflow-fl": ("fp32", 0.2, None),
     **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "dorefa-8")},
     "cpt-3-8": ("int8", 0.3, 0.6), "integer-only": ("fp32", 3.0, None),

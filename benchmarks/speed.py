@@ -14,6 +14,9 @@ Every row times the same work in several variants, on the same input data and th
 - ``bf16``: ``torch.autocast("cpu", dtype=torch.bfloat16)`` around the forward (and loss),
 - ``int8``: ``inttrain.prepare_(model, "int8")`` (int8 forward, input-gradient and weight-gradient GEMMs),
 - ``int8_df``: ``inttrain.prepare_(model, "int8", dataflow=True)`` (whole models only),
+- ``int8_bf16``: the int8 recipe with ``bf16_activations=True`` (whole models only): the same int8 layers, the
+  forward under bf16 autocast, so the activations between them are bfloat16 (the "int8 bf16-activations" column,
+  with its ratio to bf16; the int8 columns and targets are the float32-activation ``int8``'s),
 
 and each of them once more compiled (suffix ``+c``): ``torch.compile(model)`` around the layer or model
 (forward and backward in one graph; the optimizer step stays eager for every variant alike).  A family's
@@ -58,7 +61,7 @@ from inttrain.models import build_model  # noqa: E402
 CL = torch.channels_last
 BF16 = torch.bfloat16
 SECTIONS = ("linear", "conv", "mlp", "resnet20", "gpt")
-FAMILIES = ("fp32", "bf16", "int8", "int8_df")
+FAMILIES = ("fp32", "bf16", "int8", "int8_df", "int8_bf16")  # int8_bf16: int8 layers, forward under bf16 autocast
 
 
 # --------------------------------------------------------------------------------------------------
@@ -108,6 +111,8 @@ def _prepared(module: nn.Module, family: str) -> nn.Module:
         return inttrain.prepare_(module, "int8")
     if family == "int8_df":
         return inttrain.prepare_(module, "int8", dataflow=True)
+    if family == "int8_bf16":  # the int8 recipe's bf16_activations: the step runs it under bf16 autocast
+        return inttrain.prepare_(module, inttrain.recipes.Int8MixedConfig(bf16_activations=True))
     return module
 
 
@@ -167,7 +172,8 @@ def _all_variants(families, base: nn.Module, make_step, channels_last: bool = Fa
     for family in families:
         for compiled in (False, True):
             name = family + ("+c" if compiled else "")
-            out[name] = _variant(name, lambda f=family, c=compiled: make_step(fresh(f), f == "bf16", c, True))
+            out[name] = _variant(name, lambda f=family, c=compiled: make_step(fresh(f), f in ("bf16", "int8_bf16"), c,
+                                                                              True))
     return out
 
 
@@ -371,8 +377,8 @@ def _kernels(row: Row) -> str:
 
 
 def markdown(rows: list[Row]) -> str:
-    head = ("| case | shape | fp32 ms | bf16 ms | int8 ms | int8 dataflow ms | int8 vs fp32 | int8 vs bf16 "
-            "| target | met | int8 kernels / step |")
+    head = ("| case | shape | fp32 ms | bf16 ms | int8 ms | int8 dataflow ms | int8 bf16-activations ms "
+            "| int8 vs fp32 | int8 vs bf16 | target | met | int8 kernels / step |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         r_fp, r_bf = ratio(row, "fp32"), ratio(row, "bf16")
@@ -380,9 +386,14 @@ def markdown(rows: list[Row]) -> str:
         df_cell = "—" if df is None else _cell(df)
         if df is not None and ratio(row, "int8", "int8_df") is not None:
             df_cell += f" = {ratio(row, 'int8', 'int8_df'):.2f}x int8"
+        ba = row.best("int8_bf16")
+        ba_cell = "—" if ba is None else _cell(ba)
+        if ba is not None and ratio(row, "bf16", "int8_bf16") is not None:
+            ba_cell += f" = {ratio(row, 'bf16', 'int8_bf16'):.2f}x bf16"
         target = ", ".join(f">= {t:g}x {k}" for k, t in row.targets.items()) or "—"
         lines.append("| " + " | ".join([
             row.name, row.shape, _cell(row.best("fp32")), _cell(row.best("bf16")), _cell(row.best("int8")), df_cell,
+            ba_cell,
             f"{r_fp:.2f}x" if r_fp else "n/a", f"{r_bf:.2f}x" if r_bf else "n/a", target, _met(row), _kernels(row),
         ]) + " |")
     return "\n".join(lines)
@@ -494,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
                     "section": r.section, "name": r.name, "shape": r.shape, "targets": r.targets, "met": _met(r),
                     "int8_over": {f: ratio(r, f) for f in ("fp32", "bf16")},
                     "int8_df_over_int8": ratio(r, "int8", "int8_df"),
+                    "int8_bf16_over_bf16": ratio(r, "bf16", "int8_bf16"),
                     "variants": {
                         k: {"median_ms": v.median_ms, "samples_s": v.samples, "first_iteration_s": v.first_s,
                             "error": v.error, "int_kernel_calls_per_iter": v.kernel_calls}

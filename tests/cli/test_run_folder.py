@@ -249,3 +249,12 @@ def test_first_last_float_option(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
     assert recipe_config_for("dorefa", None, first_last_float=False).first_last_float is False
     assert recipe_config_for("int8", None, first_last_float=True).first_last_float is True
+
+
+def test_bf16_activations_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _train(tmp_path / "r", "--bf16-activations") == 2
+    assert _err(capsys) == ("error: --bf16-activations: recipe 'fp32' has no bfloat16-activation choice; use int8")
+    assert not (tmp_path / "r").exists()
+    run = tmp_path / "bf"
+    assert _train(run, "--recipe", "int8", "--bf16-activations", "--max-steps", "2") == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["bf16_activations"] is True

@@ -94,10 +94,24 @@ def test_stochastic_codes_depend_on_the_seed_and_average_to_the_value() -> None:
 
 
 @needs_native
+@pytest.mark.parametrize("geometry", [GEOMETRIES[0], GEOMETRIES[3], GEOMETRIES[4]])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("rounding", [RNE, SR])
+def test_bfloat16_gradient_reads_as_its_float32_upcast(geometry: tuple, channels_last: bool,
+                                                       rounding: Rounding) -> None:
+    xu8, dy, geom, wshape = _operands(geometry, channels_last, 7)
+    dyb = dy.to(torch.bfloat16)
+    scale = matrix_scale(_rows(dyb.float()), _spec(8, rounding, True), 1).reshape(-1)
+    args = (scale, 127, rounding is SR, 99, xu8, wshape, geom.stride, geom.padding, geom.dilation)
+    got = native.conv2d_weight_grad_float(dyb, *args)
+    assert torch.equal(got, native.conv2d_weight_grad_float(dyb.float(), *args))
+
+
+@needs_native
 def test_refuses_wrong_inputs() -> None:
     xu8, dy, geom, wshape = _operands(GEOMETRIES[0], True, 0)
     args = (xu8, wshape, geom.stride, geom.padding, geom.dilation)
-    with pytest.raises(TypeError, match="expected a CPU float32 gradient"):
+    with pytest.raises(TypeError, match="expected a CPU float32/bfloat16 gradient"):
         native.conv2d_weight_grad_float(dy.double(), torch.ones(1), 127, False, 0, *args)
     with pytest.raises(ValueError, match=r"qmax must be in \[1, 127\]"):
         native.conv2d_weight_grad_float(dy, torch.ones(1), 200, False, 0, *args)

@@ -25,13 +25,13 @@ import torch.nn.functional as F
 from ..kernels import conv_generic
 from ..kernels import ops as conv_kernels  # eager kernels, or graph nodes when compiling
 from ..kernels.conv import ConvGeometry
-from ..kernels.fused import matrix_scale, quantize_matrix
+from ..kernels.fused import channel_amax, matrix_scale, quantize_matrix
 from ..numerics.hashing import SeedPurpose, derive_seed
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
 from ..spec.capabilities import conv_layout_problem
 from .seeds import save_with_seeds, saved_and_seeds
-from .qactivation import QActivation, quantize_activation, quantize_rows_of, rows_view
+from .qactivation import QActivation, output_dtype, quantize_activation, quantize_rows_of, rows_view
 
 __all__ = ["int_conv2d", "ConvGeometry", "check_conv_precision"]
 
@@ -52,15 +52,16 @@ def _wide(g) -> bool:
 
 
 def _quantize_activation(x: torch.Tensor, spec: QuantSpec, seed: int, per_channel: bool = False,
-                         zero_point: int = 0):
+                         zero_point: int = 0, column_amax: torch.Tensor | None = None):
     """Quantize a 4-D NCHW tensor via its channels-last [N*H*W, C] view; codes come back channels-last.
 
     ``per_channel`` gives one scale per channel C (shape [C]); otherwise one scale (shape [1]).
-    ``zero_point=128`` emits the shifted uint8 codes oneDNN's int8 convolution consumes.
+    ``zero_point=128`` emits the shifted uint8 codes oneDNN's int8 convolution consumes.  ``column_amax``: the
+    view's per-channel amax when the caller has it.
     """
     if not per_channel:
         spec = dataclasses.replace(spec, granularity=PerTensor())
-    codes, scale = quantize_rows_of(x, spec, seed=seed, zero_point=zero_point)
+    codes, scale = quantize_rows_of(x, spec, seed=seed, zero_point=zero_point, column_amax=column_amax)
     return codes, scale.reshape(-1)
 
 
@@ -95,18 +96,19 @@ def _codes_in_kernel(spec: QuantSpec, dy: torch.Tensor) -> bool:
 
 
 def _weight_grad(dyf: torch.Tensor, qx: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, geom: ConvGeometry,
-                 gw, seed) -> torch.Tensor | None:
-    """The integer weight gradient, or None when the output gradient is not finite."""
+                 gw, seed, dy_amax: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The integer weight gradient, or None when the output gradient is not finite (``dy_amax``: the channel
+    amax of ``dyf``'s rows, when the caller has it)."""
     per_channel = isinstance(gw.lhs.granularity, PerChannel)
     if _codes_in_kernel(gw.lhs, dyf) and gw.rhs.bits <= 8:
         dyf = dyf.contiguous(memory_format=_CL)
         spec = gw.lhs if per_channel else dataclasses.replace(gw.lhs, granularity=PerTensor())
-        sg = matrix_scale(rows_view(dyf), spec, 1).reshape(-1)
+        sg = matrix_scale(rows_view(dyf), spec, 1, dy_amax).reshape(-1)
         if not is_finite(sg):
             return None
         return conv_kernels.conv2d_weight_grad_float(dyf, sg, gw.lhs.fmt.qmax, gw.lhs.rounding is Rounding.STOCHASTIC,
                                                      seed, qx, sx, tuple(weight.shape), geom)
-    qg, sg = _quantize_activation(dyf, gw.lhs, seed, per_channel=per_channel)
+    qg, sg = _quantize_activation(dyf, gw.lhs, seed, per_channel=per_channel, column_amax=dy_amax)
     if not is_finite(sg):
         return None
     # int16 output gradients (lhs) the oneDNN path splits itself; wide activations need the generic one
@@ -129,9 +131,9 @@ class _IntConv2dFn(torch.autograd.Function):
         fwd, gw = prec.forward, prec.grad_weight
         # Dataflow: an int8 input whose format the forward GEMM takes as it is skips the quantize pass.
         x_codes = _usable_codes(x, fwd)
-        xf = None
+        xf = None  # the float input (bfloat16 under autocast: the quantizers read it as it is)
         if x_codes is None:
-            xf = x.dequantize() if isinstance(x, QActivation) else x.to(torch.float32)
+            xf = x.dequantize() if isinstance(x, QActivation) else x
         if fwd.integer:
             if x_codes is not None:
                 qx, sx = x_codes
@@ -146,7 +148,7 @@ class _IntConv2dFn(torch.autograd.Function):
             conv = conv_generic.conv2d_forward if _wide(fwd) else conv_kernels.conv2d_forward_u8
             y = conv(qx, sx, qw, sw, geom)
         else:
-            y = F.conv2d(xf, weight.float(), None, geom.stride, geom.padding, geom.dilation, geom.groups)
+            y = F.conv2d(xf.float(), weight.float(), None, geom.stride, geom.padding, geom.dilation, geom.groups)
         if bias is not None:
             y = y + bias.float().reshape(1, -1, 1, 1)
         ctx.x_is_codes = False
@@ -165,47 +167,52 @@ class _IntConv2dFn(torch.autograd.Function):
                 qx_gw, sx_gw = _quantize_activation(xf, gw.rhs, derive_seed(seeds[2], SeedPurpose.RHS_OPERAND))
             save_with_seeds(ctx, seeds, weight, qx_gw, sx_gw)
         else:
-            save_with_seeds(ctx, seeds, weight, xf)
+            save_with_seeds(ctx, seeds, weight, xf.float())
         ctx.geom, ctx.prec, ctx.has_bias, ctx.grad_hook = geom, prec, bias is not None, grad_hook
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         if emit_int8:  # hand the next op int8 codes, one scale per channel (what batch norm normalises by)
             return quantize_activation(y, per_channel=True, name="conv2d output")
-        return y.to(x.dtype)
+        return y.to(output_dtype(x))
 
     @staticmethod
     def backward(ctx, dy):
         (weight, *saved), seeds = saved_and_seeds(ctx)
         geom, prec = ctx.geom, ctx.prec
-        dyf = dy.to(torch.float32)
+        dyf = dy  # bfloat16 under autocast: the quantizers read it as it is, float paths upcast
         if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
-            dyf = ctx.grad_hook(dyf, derive_seed(seeds[2], SeedPurpose.GRAD_HOOK))
+            dyf = ctx.grad_hook(dyf.float(), derive_seed(seeds[2], SeedPurpose.GRAD_HOOK))
         dx = dw = db = None
+        gi, gw = prec.grad_input, prec.grad_weight
+        dy_amax = None
+        if ctx.needs_input_grad[0] and gi.integer and ctx.needs_input_grad[1] and gw.integer and dyf.numel():
+            # both GEMMs quantize dy: one reduction gives the per-channel amax and, as its maximum, the per-tensor one
+            dyf = dyf.contiguous(memory_format=_CL)
+            dy_amax = channel_amax(rows_view(dyf))
         if ctx.needs_input_grad[0]:
-            gi = prec.grad_input
             if gi.integer:
-                qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=0 if _wide(gi) else 128)
+                qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=0 if _wide(gi) else 128,
+                                              column_amax=dy_amax)
                 if not is_finite(sg):  # amax propagates inf/NaN: this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
                 qw, sw = _quantize_weight(weight, gi.rhs, derive_seed(seeds[1], SeedPurpose.RHS_OPERAND), True, geom.groups)
                 conv_t = conv_generic.conv2d_input_grad if _wide(gi) else conv_kernels.conv2d_input_grad_u8
                 dx = conv_t(qg, sg, qw, sw, tuple(ctx.x_shape), geom)
             else:
-                dx = torch.nn.grad.conv2d_input(ctx.x_shape, weight.float(), dyf, geom.stride, geom.padding,
+                dx = torch.nn.grad.conv2d_input(ctx.x_shape, weight.float(), dyf.float(), geom.stride, geom.padding,
                                                 geom.dilation, geom.groups)
             dx = dx.to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:
-            gw = prec.grad_weight
             if gw.integer:
-                dw = _weight_grad(dyf, *saved, weight, geom, gw, seeds[2])
+                dw = _weight_grad(dyf, *saved, weight, geom, gw, seeds[2], dy_amax)
                 if dw is None:
                     return _non_finite_grads(ctx, weight)
             else:
                 xf = QActivation(*saved).dequantize() if ctx.x_is_codes else saved[0]
-                dw = torch.nn.grad.conv2d_weight(xf, weight.shape, dyf, geom.stride, geom.padding,
+                dw = torch.nn.grad.conv2d_weight(xf, weight.shape, dyf.float(), geom.stride, geom.padding,
                                                  geom.dilation, geom.groups)
             dw = dw.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dyf.sum((0, 2, 3)).to(weight.dtype)
+            db = dyf.sum((0, 2, 3), dtype=torch.float32).to(weight.dtype)
         return dx, dw, db, None, None, None, None, None
 
 

@@ -22,7 +22,7 @@ from ..numerics.hashing import SeedPurpose, derive_seed
 from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision
 from .seeds import save_with_seeds, saved_and_seeds
-from .qactivation import QActivation, quantize_activation
+from .qactivation import QActivation, output_dtype, quantize_activation
 
 __all__ = ["int_linear", "GemmSeeds"]
 
@@ -114,9 +114,9 @@ def _native_pays(dy2: torch.Tensor) -> bool:
 
 
 def _input_codes(x2: torch.Tensor, spec, seed):
-    """Row codes of the forward's input: the native pass (one read of x, each row's amax and codes while the
-    row is in L1) where it pays, else the fused torch quantizer; the same codes either way."""
-    if _native_pays(x2) and rows_cols_native(spec, None, x2.device):
+    """Row codes of the forward's input: the native pass (one read of float32 x, each row's amax and codes while
+    the row is in L1) where it pays, else the fused torch quantizer (any float dtype); the same codes either way."""
+    if x2.dtype == torch.float32 and _native_pays(x2) and rows_cols_native(spec, None, x2.device):
         qx, sx, *_ = quantize_rows_cols(x2, None, None, spec, None, seed, 0)
         return qx, sx
     return quantize_matrix(x2, spec, 0, seed=seed)
@@ -202,14 +202,15 @@ class _IntLinearFn(torch.autograd.Function):
             qx_gw, sx_gw = quantize_matrix(x2, gw.rhs, 1, seed=derive_seed(seeds[2], SeedPurpose.RHS_OPERAND))
             save_with_seeds(ctx, seeds, weight, qx_gw, sx_gw, *w_extra)
         else:
-            save_with_seeds(ctx, seeds, weight, x2, *w_extra)
+            save_with_seeds(ctx, seeds, weight, x2.float(), *w_extra)
         ctx.prec, ctx.has_bias, ctx.grad_hook = prec, bias is not None, grad_hook
         ctx.x_shape, ctx.x_dtype = in_shape, torch.float32 if isinstance(x2, QActivation) else x2.dtype
         ctx.x_shifted = codes is not None  # saved dW operand is uint8 code + 128
         if emit_int8:  # hand the next op int8 codes with one scale (a valid row scale for the next Linear)
             q = quantize_activation(y, per_channel=False, name="linear output")
             return QActivation(q.codes.reshape(*in_shape[:-1], y.shape[-1]), q.scale, q.zero_point, q.bits)
-        return y.to(ctx.x_dtype)  # 2-D: the caller reshapes (a view made in here could not be modified in place)
+        # 2-D: the caller reshapes (a view made in here could not be modified in place)
+        return y.to(torch.float32 if isinstance(x2, QActivation) else output_dtype(x2))
 
     @staticmethod
     def backward(ctx, dy):

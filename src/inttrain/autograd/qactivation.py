@@ -62,6 +62,17 @@ FALLBACKS = _FallbackLog()
 _CL = torch.channels_last
 
 
+def output_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype an integer layer returns for the float input ``x``: the autocast dtype where autocast is on for
+    ``x``'s device -- under ``torch.autocast("cpu", dtype=torch.bfloat16)`` the activations between layers stay in
+    bfloat16, as in float layers under autocast (half the bytes for every elementwise pass around the integer
+    GEMMs, whose codes and int32 sums do not depend on it) -- else ``x``'s own dtype."""
+    device = x.device.type
+    if x.is_floating_point() and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
 def rows_view(t: torch.Tensor) -> torch.Tensor | None:
     """The ``[rows, C]`` matrix view of a contiguous 2-D tensor or a channels-last 4-D tensor (None otherwise)."""
     if t.dim() == 2 and t.is_contiguous():
@@ -79,16 +90,19 @@ def from_rows(r: torch.Tensor, shape) -> torch.Tensor:
     return r.reshape(shape)
 
 
-def quantize_rows_of(x: torch.Tensor, spec, seed: int = 0, zero_point: int = 0):
+def quantize_rows_of(x: torch.Tensor, spec, seed: int = 0, zero_point: int = 0,
+                     column_amax: torch.Tensor | None = None):
     """Quantize a 2-D or NCHW tensor through its ``[rows, C]`` view (channels-last for 4-D); ``spec``'s
-    PerChannel gives one scale per channel C.  Returns ``(codes shaped like x, scale)``."""
+    PerChannel gives one scale per channel C.  Returns ``(codes shaped like x, scale)``.  ``column_amax``: the
+    view's :func:`~inttrain.kernels.fused.channel_amax`, when the caller has it (one pass less)."""
     from ..kernels.fused import quantize_matrix
 
     if x.dim() == 4:
         x = x.contiguous(memory_format=_CL)
     elif x.dim() == 2:
         x = x.contiguous()
-    codes, scale = quantize_matrix(rows_view(x), spec, 1, seed=seed, zero_point=zero_point)
+    codes, scale = quantize_matrix(rows_view(x), spec, 1, seed=seed, zero_point=zero_point,
+                                   column_amax_of_x=column_amax)
     return from_rows(codes, x.shape), scale
 
 

@@ -54,6 +54,9 @@ class RunConfig:
     first_last_float: bool | None = opt(None, "Keep the model's first and last Linear/Conv2d in float32 (int8, "
                                               "dorefa; default: the recipe's, off for int8, on for dorefa).",
                                         default_text="recipe's")
+    bf16_activations: bool | None = opt(None, "int8: keep the activations between layers in bfloat16 (the forward "
+                                              "runs under bf16 autocast; the three GEMMs stay int8).",
+                                        default_text="recipe's")
     epochs: int = opt(5, "Number of epochs.")
     batch_size: int = opt(32, "Batch size.")
     lr: float = opt(0.05, "Learning rate.")

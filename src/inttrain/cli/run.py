@@ -41,19 +41,24 @@ _ROUNDINGS = {"nearest": "NEAREST_EVEN", "stochastic": "STOCHASTIC"}
 
 
 def recipe_config_for(recipe: str, bits: int | None, weight_grad_rounding: str | None = None,
-                      grad_rounding: str | None = None, first_last_float: bool | None = None) -> Any:
+                      grad_rounding: str | None = None, first_last_float: bool | None = None,
+                      bf16_activations: bool | None = None) -> Any:
     """The config ``prepare_`` gets: None (use the name), or the recipe's config with ``bits`` (and the
-    gradient roundings, the first/last-layer policy) set."""
+    gradient roundings, the first/last-layer policy, bfloat16 activations) set."""
     import inttrain
 
-    if bits is None and weight_grad_rounding is None and grad_rounding is None and first_last_float is None:
+    switches = {"first_last_float": first_last_float, "bf16_activations": bf16_activations}
+    if bits is None and weight_grad_rounding is None and grad_rounding is None and all(
+            v is None for v in switches.values()):
         return None
     cfg = inttrain.get_config(recipe)
-    if first_last_float is not None:
+    for name, value in switches.items():
+        if value is None:
+            continue
         try:
-            cfg = cfg.with_first_last_float(first_last_float)
+            cfg = getattr(cfg, f"with_{name}")(value)
         except ValueError as e:
-            flag = "--first-last-float" if first_last_float else "--no-first-last-float"
+            flag = "--" + ("" if value else "no-") + name.replace("_", "-")
             raise UsageProblem(flag, str(e)) from None
     for flag, value, setter in (("--grad-rounding", grad_rounding, "with_grad_rounding"),
                                 ("--weight-grad-rounding", weight_grad_rounding, "with_weight_grad_rounding")):
@@ -134,7 +139,7 @@ def validate_config(cfg: RunConfig) -> Any:
             cfg.dataset, f"a file or folder with the {cfg.dataset} data")
         raise UsageProblem("--data-dir", f"{cfg.data_dir!r} does not exist; expected {where}")
     return recipe_config_for(cfg.recipe, cfg.bits, cfg.weight_grad_rounding, cfg.grad_rounding,
-                             cfg.first_last_float)
+                             cfg.first_last_float, cfg.bf16_activations)
 
 
 def _check_optimizer_knobs(cfg: RunConfig) -> None:

@@ -561,9 +561,9 @@ def conv2d_weight_grad_float(
     """
     if geom.groups == 1 and _on_cpu(dy, xq) and qmax <= 127 and native.available():
         count("conv_wgrad")
+        dy_in = dy if dy.dtype == torch.bfloat16 else dy.to(torch.float32)  # the kernel reads bfloat16 itself
         dw_int = native.conv2d_weight_grad_float(
-            dy.to(torch.float32), g_scale, qmax, stochastic, seed, xq, weight_shape, geom.stride, geom.padding,
-            geom.dilation)
+            dy_in, g_scale, qmax, stochastic, seed, xq, weight_shape, geom.stride, geom.padding, geom.dilation)
         return _scaled_weight_grad(dw_int, g_scale, x_scale)
     fmt = IntFormat(qmax.bit_length() + 1)  # the symmetric signed format whose largest code is qmax
     rows = dy.to(torch.float32).permute(0, 2, 3, 1).reshape(-1, dy.shape[1])

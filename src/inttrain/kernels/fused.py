@@ -22,7 +22,7 @@ import torch
 from ..numerics.quantize import round_and_clamp, scale_from_amax, storage_dtype
 from ..spec import PerChannel, PerTensor, QuantSpec, UnsupportedFormatError
 
-__all__ = ["quantize_matrix", "matrix_scale", "dequant_epilogue", "compile_enabled"]
+__all__ = ["quantize_matrix", "matrix_scale", "channel_amax", "dequant_epilogue", "compile_enabled"]
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,17 @@ def column_sum(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(groups, -1, x.shape[1]).sum(1).sum(0)
 
 
-def _matrix_scale_impl(x: torch.Tensor, spec: QuantSpec, kept_axis: int) -> torch.Tensor:
+def _channel_amax_impl(x: torch.Tensor) -> torch.Tensor:
+    return column_amax(x.to(torch.float32).abs())
+
+
+def _matrix_scale_impl(x: torch.Tensor, spec: QuantSpec, kept_axis: int,
+                       column_amax_of_x: torch.Tensor | None = None) -> torch.Tensor:
     x = x.to(torch.float32)
-    if isinstance(spec.granularity, PerChannel):  # one scale per column (kept_axis 1) or per row (0)
+    if column_amax_of_x is not None:  # x's [1, C] column amax, already reduced (see channel_amax)
+        per_channel = isinstance(spec.granularity, PerChannel)
+        amax = column_amax_of_x if per_channel else column_amax_of_x.amax().reshape(1, 1)
+    elif isinstance(spec.granularity, PerChannel):  # one scale per column (kept_axis 1) or per row (0)
         amax = column_amax(x.abs()) if kept_axis == 1 else x.abs().amax(dim=1, keepdim=True)
     else:
         amax = x.abs().amax().reshape(1, 1)
@@ -102,10 +110,11 @@ def _matrix_scale_impl(x: torch.Tensor, spec: QuantSpec, kept_axis: int) -> torc
 
 
 def _quantize_matrix_impl(
-    x: torch.Tensor, seed: torch.Tensor, spec: QuantSpec, kept_axis: int, transpose: bool, zero_point: int
+    x: torch.Tensor, seed: torch.Tensor, spec: QuantSpec, kept_axis: int, transpose: bool, zero_point: int,
+    column_amax_of_x: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     x = x.to(torch.float32)
-    scale = _matrix_scale_impl(x, spec, kept_axis)
+    scale = _matrix_scale_impl(x, spec, kept_axis, column_amax_of_x)
     codes = round_and_clamp(x / scale, spec.fmt, spec.rounding, seed)
     dtype = storage_dtype(spec.fmt) if zero_point == 0 else torch.uint8
     codes = (codes + zero_point).to(dtype)
@@ -117,6 +126,18 @@ def _quantize_matrix_impl(
 def _epilogue_impl(acc: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     y = acc.to(torch.float32) * sa * sb
     return y if bias is None else y + bias
+
+
+def _quantize_matrix_given_amax_impl(
+    x: torch.Tensor, seed: torch.Tensor, column_amax_of_x: torch.Tensor, spec: QuantSpec, kept_axis: int,
+    transpose: bool, zero_point: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _quantize_matrix_impl(x, seed, spec, kept_axis, transpose, zero_point, column_amax_of_x)
+
+
+def _matrix_scale_given_amax_impl(x: torch.Tensor, column_amax_of_x: torch.Tensor, spec: QuantSpec,
+                                  kept_axis: int) -> torch.Tensor:
+    return _matrix_scale_impl(x, spec, kept_axis, column_amax_of_x)
 
 
 def _run(fn: Callable, tensors: tuple, constants: tuple):
@@ -137,6 +158,7 @@ def quantize_matrix(
     transpose: bool = False,
     seed: int | torch.Tensor = 0,
     zero_point: int = 0,
+    column_amax_of_x: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D matrix for use as a GEMM operand; returns ``(codes, scale)``.
 
@@ -146,6 +168,8 @@ def quantize_matrix(
     and contiguous (the layout ``torch._int_mm`` runs fastest on) and transposes the scale to match.
     ``zero_point=128`` emits ``code + 128`` as uint8 (the activation layout of oneDNN's int8 conv).
     The scale is returned un-checked: callers run :func:`inttrain.numerics.check_finite` on it.
+    ``column_amax_of_x``: :func:`channel_amax` of ``x`` when the caller has it (``kept_axis=1``): the scale
+    comes from it (its maximum for ``PerTensor``) instead of another pass over ``x``.
     """
     if x.dim() != 2:
         raise ValueError(f"quantize_matrix expects a 2-D tensor, got shape {tuple(x.shape)}")
@@ -165,16 +189,38 @@ def quantize_matrix(
     else:
         seed_t = torch.tensor(seed & 0xFFFFFFFF, dtype=torch.int64, device=x.device)
     # detach(): dynamo specialises on nn.Parameter shapes (a recompile per layer shape); a plain tensor is dynamic.
+    if column_amax_of_x is not None:
+        _check_column_amax(column_amax_of_x, x, kept_axis)
+        return _run(_quantize_matrix_given_amax_impl, (x.detach(), seed_t, column_amax_of_x),
+                    (spec, kept_axis, transpose, zero_point))
     return _run(_quantize_matrix_impl, (x.detach(), seed_t), (spec, kept_axis, transpose, zero_point))
 
 
-def matrix_scale(x: torch.Tensor, spec: QuantSpec, kept_axis: int) -> torch.Tensor:
+def _check_column_amax(column_amax_of_x: torch.Tensor, x: torch.Tensor, kept_axis: int) -> None:
+    if kept_axis != 1 or tuple(column_amax_of_x.shape) != (1, x.shape[1]):
+        raise ValueError(f"column_amax_of_x must be [1, {x.shape[1]}] with kept_axis 1, got "
+                         f"{tuple(column_amax_of_x.shape)} with kept_axis {kept_axis}")
+
+
+def channel_amax(x: torch.Tensor) -> torch.Tensor:
+    """``|x|.amax(0, keepdim=True)`` ([1, C]) of a non-empty 2-D matrix in one pass: what both a per-channel and a
+    per-tensor scale of ``x`` (``kept_axis=1``) derive from, so two quantizers of one tensor read it once."""
+    if x.dim() != 2 or x.numel() == 0:
+        raise ValueError(f"channel_amax expects a non-empty 2-D tensor, got shape {tuple(x.shape)}")
+    return _run(_channel_amax_impl, (x.detach(),), ())
+
+
+def matrix_scale(x: torch.Tensor, spec: QuantSpec, kept_axis: int,
+                 column_amax_of_x: torch.Tensor | None = None) -> torch.Tensor:
     """The scale :func:`quantize_matrix` would use for ``x`` ([1, C] or [1, 1] for ``kept_axis=1``), alone: for
-    a kernel that makes the codes itself.  Un-checked, as there."""
+    a kernel that makes the codes itself.  Un-checked, as there; ``column_amax_of_x`` as there."""
     if x.dim() != 2 or x.numel() == 0:
         raise ValueError(f"matrix_scale expects a non-empty 2-D tensor, got shape {tuple(x.shape)}")
     if not isinstance(spec.granularity, (PerTensor, PerChannel)):
         raise UnsupportedFormatError(f"GEMM operands support PerTensor or PerChannel granularity, not {spec.granularity}")
+    if column_amax_of_x is not None:
+        _check_column_amax(column_amax_of_x, x, kept_axis)
+        return _run(_matrix_scale_given_amax_impl, (x.detach(), column_amax_of_x), (spec, kept_axis))
     return _run(_matrix_scale_impl, (x.detach(),), (spec, kept_axis))
 
 

@@ -113,6 +113,13 @@ class RecipeConfig:
             raise ValueError(f"recipe {self.name!r} has no first/last-layer choice; use int8 or dorefa")
         return dataclasses.replace(self, first_last_float=keep)
 
+    def with_bf16_activations(self, on: bool) -> RecipeConfig:
+        """This config with bfloat16 activations between layers on or off (``inttrain train --bf16-activations``);
+        ValueError if the recipe has no such choice."""
+        if "bf16_activations" not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(f"recipe {self.name!r} has no bfloat16-activation choice; use int8")
+        return dataclasses.replace(self, bf16_activations=on)
+
     def converts_layers(self) -> bool:
         """False for float baselines (fp32, bf16), which leave the model untouched."""
         return True

@@ -22,8 +22,11 @@ Differences from the papers: no gradient clipping search (that is the ``unified-
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import nn
 
 from ..spec import GemmPrecision, LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding
@@ -57,6 +60,10 @@ class Int8MixedConfig(RecipeConfig):
             first conv and classifier are about 1% of its MACs).  ``benchmarks/accuracy_full.py`` (ResNet-20, 30
             epochs, three paired seeds): paired gap to fp32 -0.18 points with it, -0.44 without; off by default
             until more seeds separate the two (per seed +0.20 / -0.05 / +0.63).
+        bf16_activations: run the forward under ``torch.autocast(device, bfloat16)`` (:meth:`autocast`): the
+            integer layers hand on bfloat16 outputs and the float ops between them run on bfloat16, as under the
+            ``bf16`` recipe; the integer GEMMs quantize the bfloat16 activations and gradients as they are.  The
+            layout torchao's int8 training uses.  Off by default until its full-budget accuracy is measured.
         seed: base seed of the stochastic-rounding hash.
     """
 
@@ -72,6 +79,7 @@ class Int8MixedConfig(RecipeConfig):
     per_channel: bool = True
     float_weight_grad: bool = False
     first_last_float: bool = False
+    bf16_activations: bool = False
 
     def __post_init__(self) -> None:
         for field_name in ("bits", "grad_bits"):
@@ -94,6 +102,16 @@ class Int8MixedConfig(RecipeConfig):
             grad_input=GemmPrecision(g(act), w(True)),
             grad_weight=GemmPrecision(self._spec(gb, True, wg_rounding), w(act), integer=not self.float_weight_grad),
         )
+
+    def autocast(self, device: str | torch.device = "cpu") -> contextlib.AbstractContextManager[Any]:
+        """``torch.autocast(device, bfloat16)`` when ``bf16_activations``: the integer layers then hand on their
+        outputs in bfloat16 (:func:`inttrain.autograd.qactivation.output_dtype`) and the float ops between them
+        (normalization, activations, residual adds) read and write half the bytes, as torchao's int8 training
+        does under autocast; the codes and int32 sums of the three GEMMs are as without it."""
+        if not self.bf16_activations:
+            return contextlib.nullcontext()
+        device_type = device if isinstance(device, str) else device.type
+        return torch.autocast(device_type, dtype=torch.bfloat16)
 
     def layer_filter(self, model: nn.Module):
         return first_last_filter(model) if self.first_last_float else None

@@ -374,22 +374,22 @@ def conv2d_weight_grad_float(
     dy: Tensor, g_scale: Tensor, qmax: int, stochastic: bool, seed: int, xu8: Tensor, weight_shape: tuple,
     stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], threads: int | None = None,
 ) -> Tensor:
-    """:func:`conv2d_weight_grad_int` of the codes of a float32 gradient, quantized inside the kernel.
+    """:func:`conv2d_weight_grad_int` of the codes of a float32 (or bfloat16) gradient, quantized inside the kernel.
 
     The codes are ``clamp(round(dy / g_scale), -qmax, qmax)`` (``g_scale``: one value, or one per output
     channel), rounded to nearest even or stochastically with ``seed``: bit for bit the codes
     :func:`inttrain.kernels.fused.quantize_matrix` gives for ``dy``'s channels-last ``[N*Ho*Wo, Co]`` view with
     that scale.  Call only when :func:`available`.
     """
-    _check_input_codes(xu8, dy, torch.float32, "float32")
+    _check_input_codes(xu8, dy, torch.bfloat16 if dy.dtype == torch.bfloat16 else torch.float32, "float32/bfloat16")
     if not 1 <= qmax <= 127:
         raise ValueError(f"qmax must be in [1, 127] (int8 codes), got {qmax}")
     co = int(weight_shape[0])
     scale = g_scale.reshape(-1).to(torch.float32).contiguous()
     if scale.numel() not in (1, co):
         raise ValueError(f"g_scale has {scale.numel()} values, expected 1 or {co}")
-    float_args = (scale.data_ptr(), int(scale.numel() == co and co > 1), int(qmax), int(stochastic),
-                  int(seed) & 0xFFFFFFFF)
+    flags = int(scale.numel() == co and co > 1) | (2 if dy.dtype == torch.bfloat16 else 0)  # bit 1: bf16 dy
+    float_args = (scale.data_ptr(), flags, int(qmax), int(stochastic), int(seed) & 0xFFFFFFFF)
     return _run_wgrad(dy, xu8, weight_shape, stride, padding, dilation, threads, float_args)
 
 

@@ -58,6 +58,7 @@ int inttrain_conv_amx_ready(void) {
 typedef struct {
     const int8_t *g;    /* [N, Co, Ho, Wo] with strides gs; NULL when gf is given */
     const float *gf;    /* or the float gradient, quantized here (see inttrain_wgrad_f32) */
+    int64_t gf_bf16;    /* gf points at bfloat16 values (read as their exact float32 upcast) */
     const float *gscale; /* gf's scales: one per output channel, or one */
     int64_t gscale_per_channel, sr; /* sr: stochastic rounding with seed */
     uint32_t seed;
@@ -93,14 +94,23 @@ PACK_TARGET static inline __m128i pixel_codes(const wgrad_job *job, int64_t n, i
         return _mm_loadu_si128((const void *)b);
     }
     __m512 v, s;
+    const uint16_t *gb = (const uint16_t *)(const void *)job->gf; /* when gf_bf16 */
     if (sc == 1 && live == 16) {
-        v = _mm512_loadu_ps(job->gf + at);
+        if (job->gf_bf16) /* bfloat16 -> float32: the 16 bits become the high half */
+            v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(gb + at))), 16));
+        else
+            v = _mm512_loadu_ps(job->gf + at);
         s = job->gscale_per_channel ? _mm512_loadu_ps(job->gscale + 16 * t) : _mm512_set1_ps(job->gscale[0]);
     } else {
         float vb[16] = {0}, sb[16];
         for (int64_t l = 0; l < 16; ++l) {
             sb[l] = l < live && job->gscale_per_channel ? job->gscale[16 * t + l] : job->gscale[0];
-            if (l < live) vb[l] = job->gf[at + l * sc];
+            if (l < live && job->gf_bf16) {
+                const uint32_t bits = (uint32_t)gb[at + l * sc] << 16;
+                memcpy(&vb[l], &bits, 4);
+            } else if (l < live) {
+                vb[l] = job->gf[at + l * sc];
+            }
         }
         v = _mm512_loadu_ps(vb), s = _mm512_loadu_ps(sb); /* v = 0 gives code 0 in either rounding */
     }
@@ -405,7 +415,9 @@ static wgrad_job float_job(const float *gf, const float *gscale, int64_t per_cha
                            int64_t seed, const void *x, int8_t *gp, uint8_t *xph, int64_t *out) {
     wgrad_job base;
     memset(&base, 0, sizeof base);
-    base.gf = gf, base.gscale = gscale, base.gscale_per_channel = per_channel, base.qmax = (float)qmax;
+    /* per_channel bit 1: gf holds bfloat16 values (bit 0: one scale per output channel) */
+    base.gf = gf, base.gscale = gscale, base.gscale_per_channel = per_channel & 1, base.qmax = (float)qmax;
+    base.gf_bf16 = (per_channel >> 1) & 1;
     base.sr = sr, base.seed = (uint32_t)seed;
     base.x = x, base.gp = gp, base.xph = xph, base.out = out;
     return base;
@@ -422,7 +434,8 @@ int inttrain_wgrad_u8s8(const int8_t *g, const int64_t *gs, const void *x, const
 
 /* inttrain_wgrad_u8s8 on a float32 gradient gf [N, Co, Ho, Wo] (strides gs), quantized while it is packed:
  * code = clamp(round(gf / s), -qmax, qmax) with s = gscale[co] (per_channel) or gscale[0], rounding to nearest
- * even, or stochastic (sr) with seed (simd_quantize.h).  Saves the torch path's pass that writes the codes, and
+ * even, or stochastic (sr) with seed (simd_quantize.h); per_channel | 2: gf holds bfloat16 values (read as their
+ * float32 upcast, exactly).  Saves the torch path's pass that writes the codes, and
  * its hash, which costs the compiled torch path more than the whole pack here.  qmax <= 127. */
 int inttrain_wgrad_f32(const float *gf, const int64_t *gs, const float *gscale, int64_t per_channel, int64_t qmax,
                        int64_t sr, int64_t seed, const void *x, const int64_t *xs, const int64_t *dims, int8_t *gp,
