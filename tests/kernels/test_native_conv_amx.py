@@ -63,6 +63,21 @@ def test_forward_scales_like_the_vnni_kernel() -> None:
 
 
 @needs_amx_fwd
+@pytest.mark.parametrize("geometry", FORWARD[:6])
+def test_forward_writes_bfloat16_as_the_float32_result_rounded(geometry: tuple) -> None:
+    n, ci, co, h, w, k, p = geometry
+    gen = torch.Generator().manual_seed(17)
+    xq, wq = _x_codes((n, ci, h, w), gen), _x_codes((co, ci, *k), gen)
+    ws = torch.rand(co, generator=gen) * 1e-3 + 1e-4  # values whose bfloat16 rounding is not exact
+    xu8 = K.to_shifted_u8(xq).contiguous(memory_format=torch.channels_last)
+    want = native.conv2d_forward_u8s8(xu8, 0.013, wq, ws, (1, 1), p, (1, 1)).to(torch.bfloat16)
+    for threads in (1, 2):
+        got = native.conv2d_forward_u8s8(xu8, 0.013, wq, ws, (1, 1), p, (1, 1), threads, out_dtype=torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and got.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(got, want), threads
+
+
+@needs_amx_fwd
 def test_forward_longest_exact_reduction_does_not_overflow() -> None:
     # Ci * KH * KW = 65790 <= 65793 products of x = 255 (code 127) and w = -128: the int32 sums' limit
     ci = 7310

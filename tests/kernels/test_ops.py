@@ -35,6 +35,10 @@ def test_conv_ops_match_eager_kernels_and_opcheck(geom):
     torch.library.opcheck(torch.ops.inttrain.conv2d_forward_u8, args)
     y = torch.ops.inttrain.conv2d_forward_u8(*args)
     assert torch.equal(y, conv_kernels.conv2d_forward_u8(x, sx, w, sw, geom))
+    # bfloat16 output (a layer under bf16 autocast): the float32 result rounded, whichever kernel ran
+    torch.library.opcheck(torch.ops.inttrain.conv2d_forward_u8, args, {"bf16_out": True})
+    yb = torch.ops.inttrain.conv2d_forward_u8(*args, bf16_out=True)
+    assert yb.dtype == torch.bfloat16 and torch.equal(yb, y.to(torch.bfloat16))
 
     g = _codes(*y.shape, dtype=torch.uint8, lo=0, hi=256).contiguous(memory_format=torch.channels_last)
     sg, swi = torch.tensor([0.03]), torch.rand(8) / 50 + 0.01
@@ -42,6 +46,9 @@ def test_conv_ops_match_eager_kernels_and_opcheck(geom):
     torch.library.opcheck(torch.ops.inttrain.conv2d_input_grad_u8, dargs)
     dx = torch.ops.inttrain.conv2d_input_grad_u8(*dargs)
     assert torch.equal(dx, conv_kernels.conv2d_input_grad_u8(g, sg, w, swi, tuple(x.shape), geom))
+    torch.library.opcheck(torch.ops.inttrain.conv2d_input_grad_u8, dargs, {"bf16_out": True})
+    dxb = torch.ops.inttrain.conv2d_input_grad_u8(*dargs, bf16_out=True)
+    assert dxb.dtype == torch.bfloat16 and torch.equal(dxb, dx.to(torch.bfloat16))
     # the CPU graph node: the sub-pixel conv, whose depth-to-space (views, traced) gives the same dx
     torch.library.opcheck(torch.ops.inttrain.conv2d_input_grad_phases_u8, dargs)
     phases = torch.ops.inttrain.conv2d_input_grad_phases_u8(*dargs)

@@ -145,8 +145,11 @@ class _IntConv2dFn(torch.autograd.Function):
                 check_finite(sx, "conv2d input")
             qw, sw = _quantize_weight(weight, fwd.rhs, derive_seed(seeds[0], SeedPurpose.RHS_OPERAND), False, geom.groups)
             check_finite(sw, "conv2d weight")
-            conv = conv_generic.conv2d_forward if _wide(fwd) else conv_kernels.conv2d_forward_u8
-            y = conv(qx, sx, qw, sw, geom)
+            if _wide(fwd):
+                y = conv_generic.conv2d_forward(qx, sx, qw, sw, geom)
+            else:  # under bf16 autocast the kernel rounds its output to bfloat16 itself (no float32 copy)
+                direct = bias is None and not emit_int8 and output_dtype(x) == torch.bfloat16
+                y = conv_kernels.conv2d_forward_u8(qx, sx, qw, sw, geom, torch.bfloat16 if direct else torch.float32)
         else:
             y = F.conv2d(xf.float(), weight.float(), None, geom.stride, geom.padding, geom.dilation, geom.groups)
         if bias is not None:

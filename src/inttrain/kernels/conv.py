@@ -177,12 +177,21 @@ def _accumulator_safe(wq: Tensor) -> bool:
 
 def _qconv_exact(
     xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor,
-    stride: list[int], padding: list[int], dilation: list[int], groups: int,
+    stride: list[int], padding: list[int], dilation: list[int], groups: int, out_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Int8 conv that is exact for any weights: the native kernel (exact int32 sums, weights packed in the
-    call), else oneDNN (splitting Cin when its float compensation could round)."""
+    call), else oneDNN (splitting Cin when its float compensation could round).  ``out_dtype``: float32, or
+    bfloat16 (the float32 result rounded; written directly by the AMX kernel)."""
     if xu8.shape[0] > 0 and native.conv_forward_supported(int(wq.shape[1]), int(wq.shape[2]), int(wq.shape[3]), groups):
-        return native.conv2d_forward_u8s8(xu8, x_scale, wq, w_scales, tuple(stride), tuple(padding), tuple(dilation))
+        return native.conv2d_forward_u8s8(xu8, x_scale, wq, w_scales, tuple(stride), tuple(padding), tuple(dilation),
+                                          out_dtype=out_dtype)
+    return _qconv_exact_onednn(xu8, x_scale, wq, w_scales, stride, padding, dilation, groups).to(out_dtype)
+
+
+def _qconv_exact_onednn(
+    xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor,
+    stride: list[int], padding: list[int], dilation: list[int], groups: int,
+) -> Tensor:
     if xu8.shape[0] == 0 or _accumulator_safe(wq):
         return _qconv_raw(xu8, x_scale, wq, w_scales, stride, padding, dilation, groups)
     taps = wq.shape[2] * wq.shape[3]
@@ -221,19 +230,22 @@ def conv2d_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geo
     return conv2d_forward_u8(to_shifted_u8(xq), x_scale, wq, w_scale, geom)
 
 
-def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry) -> Tensor:
+def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry,
+                      out_dtype: torch.dtype = torch.float32) -> Tensor:
     """:func:`conv2d_forward` on shifted codes ``xu8 = xq + 128`` (uint8).
 
     The activation quantizer can emit these directly (round, clamp, add 128, cast
-    to uint8), which saves the shifting pass of :func:`conv2d_forward`.
+    to uint8), which saves the shifting pass of :func:`conv2d_forward`.  ``out_dtype=torch.bfloat16`` gives the
+    float32 result rounded to bfloat16 (what a layer under bf16 autocast hands on), without a float32 copy on
+    the AMX kernel.
     """
     count("conv_fwd")
     if not _on_cpu(xu8, wq):
-        return conv_generic.conv2d_forward(xu8, x_scale, wq, w_scale, geom)
+        return conv_generic.conv2d_forward(xu8, x_scale, wq, w_scale, geom).to(out_dtype)
     co = wq.shape[0]
     return _qconv_exact(
         _channels_last_u8(xu8), _scalar(x_scale), wq.contiguous(), _scale_vector(w_scale, co),
-        list(geom.stride), list(geom.padding), list(geom.dilation), geom.groups,
+        list(geom.stride), list(geom.padding), list(geom.dilation), geom.groups, out_dtype,
     )
 
 
@@ -364,7 +376,8 @@ def conv2d_input_grad(
 
 
 def conv2d_input_grad_u8(
-    gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple, geom: ConvGeometry
+    gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple, geom: ConvGeometry,
+    out_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """:func:`conv2d_input_grad` on shifted codes ``gu8 = gq + 128`` (uint8).
 
@@ -373,28 +386,30 @@ def conv2d_input_grad_u8(
     """
     count("conv_dgrad")
     if not _on_cpu(gu8, wq):
-        return conv_generic.conv2d_input_grad(gu8, g_scale, wq, w_scale, input_shape, geom)
-    y, (ay, ax) = _input_grad_phases(gu8, g_scale, wq, w_scale, input_shape, geom)
+        return conv_generic.conv2d_input_grad(gu8, g_scale, wq, w_scale, input_shape, geom).to(out_dtype)
+    y, (ay, ax) = _input_grad_phases(gu8, g_scale, wq, w_scale, input_shape, geom, out_dtype)
     return _depth_to_space(y, input_shape, geom.groups, ay, ax).contiguous(memory_format=torch.channels_last)
 
 
 def conv2d_input_grad_phases_u8(
-    gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple, geom: ConvGeometry
+    gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple, geom: ConvGeometry,
+    out_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """:func:`conv2d_input_grad_u8` before its depth-to-space (CPU only): the sub-pixel convolution's output,
     float32 channels_last, shape :func:`input_grad_phases_shape`; :func:`phases_to_input_grad` finishes it."""
     count("conv_dgrad")
-    return _input_grad_phases(gu8, g_scale, wq, w_scale, input_shape, geom)[0]
+    return _input_grad_phases(gu8, g_scale, wq, w_scale, input_shape, geom, out_dtype)[0]
 
 
 def _input_grad_phases(
-    gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple, geom: ConvGeometry
+    gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple, geom: ConvGeometry,
+    out_dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, tuple[_SubPixelAxis, _SubPixelAxis]]:
     """The sub-pixel convolution's output, and the plan it was made with (for the depth-to-space)."""
     n, cin, h, w = (int(v) for v in input_shape)
     ay, ax = plan = _dgrad_plan((h, w), tuple(gu8.shape[2:]), tuple(wq.shape[2:]), geom)
     if n == 0:
-        return torch.empty((0, cin * ay.phases * ax.phases, ay.out_len, ax.out_len), dtype=torch.float32,
+        return torch.empty((0, cin * ay.phases * ax.phases, ay.out_len, ax.out_len), dtype=out_dtype,
                            memory_format=torch.channels_last), plan
     w_sub = _sub_pixel_weight(wq, geom.groups, ay, ax)
     # Output channel (group, ry, rx, ci) carries the scale of input channel ci.
@@ -402,7 +417,8 @@ def _input_grad_phases(
     ws = _scale_vector(w_scale, cin).view(geom.groups, 1, 1, cin // geom.groups)
     ws = ws.expand(geom.groups, sh, sw, cin // geom.groups).reshape(-1).contiguous()
     g_in, padding = _pad_shifted(_channels_last_u8(gu8), ay, ax)
-    return _qconv_exact(g_in, _scalar(g_scale), w_sub, ws, [1, 1], padding, [ay.step, ax.step], geom.groups), plan
+    return _qconv_exact(g_in, _scalar(g_scale), w_sub, ws, [1, 1], padding, [ay.step, ax.step], geom.groups,
+                        out_dtype), plan
 
 
 # ----------------------------------------------------------------- weight gradient

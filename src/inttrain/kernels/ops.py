@@ -71,47 +71,54 @@ def _out_len(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-def _conv_fwd_fake(xu8, x_scale, wq, w_scale, stride, padding, dilation, groups):
+def _conv_fwd_fake(xu8, x_scale, wq, w_scale, stride, padding, dilation, groups, bf16_out=False):
     n, _, h, w = xu8.shape
     ho = _out_len(h, wq.shape[2], stride[0], padding[0], dilation[0])
     wo = _out_len(w, wq.shape[3], stride[1], padding[1], dilation[1])
-    return xu8.new_empty((n, wq.shape[0], ho, wo), dtype=torch.float32).contiguous(memory_format=_CL)
+    dtype = torch.bfloat16 if bf16_out else torch.float32
+    return xu8.new_empty((n, wq.shape[0], ho, wo), dtype=dtype).contiguous(memory_format=_CL)
 
 
 @operator(
     "conv2d_forward_u8(Tensor xu8, Tensor x_scale, Tensor wq, Tensor w_scale, int[] stride, int[] padding, "
-    "int[] dilation, int groups) -> Tensor",
+    "int[] dilation, int groups, bool bf16_out=False) -> Tensor",
     _conv_fwd_fake,
 )
 def _conv_fwd(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, stride: list[int], padding: list[int],
-              dilation: list[int], groups: int) -> Tensor:
-    y = conv_kernels.conv2d_forward_u8(xu8, x_scale, wq, w_scale, _geom(stride, padding, dilation, groups))
+              dilation: list[int], groups: int, bf16_out: bool = False) -> Tensor:
+    y = conv_kernels.conv2d_forward_u8(xu8, x_scale, wq, w_scale, _geom(stride, padding, dilation, groups),
+                                       torch.bfloat16 if bf16_out else torch.float32)
     return y.contiguous(memory_format=_CL)
 
 
-def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry) -> Tensor:
-    """:func:`inttrain.kernels.conv.conv2d_forward_u8`; one graph node when compiling (float32, channels-last)."""
+def conv2d_forward_u8(xu8: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry,
+                      out_dtype: torch.dtype = torch.float32) -> Tensor:
+    """:func:`inttrain.kernels.conv.conv2d_forward_u8`; one graph node when compiling (float32 or bfloat16,
+    channels-last)."""
     if not torch.compiler.is_compiling():
-        return conv_kernels.conv2d_forward_u8(xu8, x_scale, wq, w_scale, geom)
-    return torch.ops.inttrain.conv2d_forward_u8(xu8, x_scale, wq, w_scale, *_geom_args(geom))
+        return conv_kernels.conv2d_forward_u8(xu8, x_scale, wq, w_scale, geom, out_dtype)
+    return torch.ops.inttrain.conv2d_forward_u8(xu8, x_scale, wq, w_scale, *_geom_args(geom),
+                                                bf16_out=out_dtype == torch.bfloat16)
 
 
 _DGRAD_SIGNATURE = ("(Tensor gu8, Tensor g_scale, Tensor wq, Tensor w_scale, int[] input_shape, int[] stride, "
-                    "int[] padding, int[] dilation, int groups) -> Tensor")
+                    "int[] padding, int[] dilation, int groups, bool bf16_out=False) -> Tensor")
 
 
 def _dgrad_operator(name: str, kernel, shape_of) -> None:
     """Register input-gradient kernel ``kernel`` as ``inttrain::name``; ``shape_of(input_shape, g_shape,
-    w_shape, geom)`` gives its float32 channels-last result's shape."""
+    w_shape, geom)`` gives its channels-last result's shape (float32, or bfloat16 with ``bf16_out``)."""
 
-    def fake(gu8, g_scale, wq, w_scale, input_shape, stride, padding, dilation, groups):
+    def fake(gu8, g_scale, wq, w_scale, input_shape, stride, padding, dilation, groups, bf16_out=False):
         shape = shape_of(tuple(input_shape), tuple(gu8.shape), tuple(wq.shape), _geom(stride, padding, dilation, groups))
-        return gu8.new_empty(shape, dtype=torch.float32).contiguous(memory_format=_CL)
+        dtype = torch.bfloat16 if bf16_out else torch.float32
+        return gu8.new_empty(shape, dtype=dtype).contiguous(memory_format=_CL)
 
     @operator(name + _DGRAD_SIGNATURE, fake)
     def run(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: list[int], stride: list[int],
-            padding: list[int], dilation: list[int], groups: int) -> Tensor:
-        out = kernel(gu8, g_scale, wq, w_scale, tuple(input_shape), _geom(stride, padding, dilation, groups))
+            padding: list[int], dilation: list[int], groups: int, bf16_out: bool = False) -> Tensor:
+        out = kernel(gu8, g_scale, wq, w_scale, tuple(input_shape), _geom(stride, padding, dilation, groups),
+                     torch.bfloat16 if bf16_out else torch.float32)
         return out.contiguous(memory_format=_CL)
 
 
@@ -121,19 +128,20 @@ _dgrad_operator("conv2d_input_grad_phases_u8", conv_kernels.conv2d_input_grad_ph
 
 
 def conv2d_input_grad_u8(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple,
-                         geom: ConvGeometry) -> Tensor:
+                         geom: ConvGeometry, out_dtype: torch.dtype = torch.float32) -> Tensor:
     """:func:`inttrain.kernels.conv.conv2d_input_grad_u8`; one graph node when compiling (channels-last).
 
     On the CPU the node is the sub-pixel convolution, and its depth-to-space stays in the graph as views, for
     Inductor to fold into the ops that read the gradient next (see :func:`.conv.phases_to_input_grad`).
     """
+    bf16 = out_dtype == torch.bfloat16
     if not torch.compiler.is_compiling():
-        return conv_kernels.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, input_shape, geom)
+        return conv_kernels.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, input_shape, geom, out_dtype)
     if gu8.device.type != "cpu":
         return torch.ops.inttrain.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, _shape(input_shape),
-                                                       *_geom_args(geom))
+                                                       *_geom_args(geom), bf16_out=bf16)
     y = torch.ops.inttrain.conv2d_input_grad_phases_u8(gu8, g_scale, wq, w_scale, _shape(input_shape),
-                                                       *_geom_args(geom))
+                                                       *_geom_args(geom), bf16_out=bf16)
     return conv_kernels.phases_to_input_grad(y, _shape(input_shape), gu8.shape, wq.shape, geom)
 
 

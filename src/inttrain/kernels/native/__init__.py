@@ -405,14 +405,14 @@ def conv_forward_supported(ci: int, kh: int, kw: int, groups: int) -> bool:
 
 def conv2d_forward_u8s8(
     xu8: Tensor, x_scale: float, wq: Tensor, w_scale: Tensor, stride: tuple[int, int], padding: tuple[int, int],
-    dilation: tuple[int, int], threads: int | None = None,
+    dilation: tuple[int, int], threads: int | None = None, out_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """``conv2d(q, wq) * x_scale * w_scale[co]`` from shifted codes ``xu8 = q + 128`` (uint8, padding = code 0).
 
     The sums are exact (int32, corrected by ``128 * sum(w)``); one float32 multiply scales them.  ``xu8``
     [N, Ci, H, W] (channels-last is read in place, other layouts are copied), ``wq`` int8 [Co, Ci, KH, KW],
-    ``w_scale`` Co values or one.  Returns float32 [N, Co, Ho, Wo], channels-last.  Call only when
-    :func:`conv_forward_supported`.
+    ``w_scale`` Co values or one.  Returns float32 [N, Co, Ho, Wo], channels-last, or that rounded to bfloat16
+    (``out_dtype``; the AMX kernel writes it directly).  Call only when :func:`conv_forward_supported`.
     """
     lib = LIBRARY.load()
     if lib is None:
@@ -424,19 +424,26 @@ def conv2d_forward_u8s8(
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    out = torch.empty((n, co, ho, wo), dtype=torch.float32, memory_format=torch.channels_last)
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+    amx = conv_kernel("forward", ci, stride, dilation) == "amx"
+    direct = out_dtype == torch.float32 or amx  # the AMX kernel writes bfloat16 itself
+    out = torch.empty((n, co, ho, wo), dtype=out_dtype if direct else torch.float32, memory_format=torch.channels_last)
     if out.numel() == 0:
-        return out
+        return out.to(out_dtype)
     x, w_codes = xu8.contiguous(memory_format=torch.channels_last), wq.contiguous()  # held: C reads them
     scale = w_scale.reshape(-1).to(torch.float32).contiguous()
     dims = _int64_array([n, ci, h, w, co, kh, kw, ho, wo, ph, pw, sh, sw, dh, dw])
     args = (float(x_scale), scale.data_ptr(), int(scale.numel() > 1), dims)
     threads = threads or torch.get_num_threads()
-    if conv_kernel("forward", ci, stride, dilation) == "amx":  # AMX tiles (conv_amx.c)
-        amx = CONV_AMX_LIBRARY.load()
-        xp = scratch((amx.inttrain_conv_amx_scratch(dims),), torch.uint8, xu8.device)
-        status = amx.inttrain_conv_fwd_amx_u8s8(x.data_ptr(), w_codes.data_ptr(), *args, xp.data_ptr(),
-                                                out.data_ptr(), threads)
+    if amx:  # AMX tiles (conv_amx.c); flag bit 1: bfloat16 output
+        lib_amx = CONV_AMX_LIBRARY.load()
+        xp = scratch((lib_amx.inttrain_conv_amx_scratch(dims),), torch.uint8, xu8.device)
+        flags = args[2] | (2 if out_dtype == torch.bfloat16 else 0)
+        status = lib_amx.inttrain_conv_fwd_amx_u8s8(x.data_ptr(), w_codes.data_ptr(), args[0], args[1], flags, dims,
+                                                    xp.data_ptr(), out.data_ptr(), threads)
+        if status == 4:  # no AVX512-BF16 for the conversion: float32, then torch rounds it
+            return conv2d_forward_u8s8(xu8, x_scale, wq, w_scale, stride, padding, dilation, threads).to(out_dtype)
     else:
         if co <= 16 and (sh, sw) == (1, 1):  # the pixels-in-lanes kernel repacks x (see conv.c)
             lane = lib.inttrain_conv_lane_width(w, pw, wo, kw, dw)
@@ -447,4 +454,4 @@ def conv2d_forward_u8s8(
                                             threads)
     if status != 0:
         raise RuntimeError(f"native convolution failed (status {status})")
-    return out
+    return out if direct else out.to(out_dtype)

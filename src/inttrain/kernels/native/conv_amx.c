@@ -39,7 +39,8 @@ typedef struct {
     const int8_t *wb;
     const int32_t *corr;
     const float *scale;
-    float *out;
+    float *out;      /* float32 [N][Ho][Wo][Co], or bfloat16 (uint16) when out_bf16 */
+    int64_t out_bf16;
     int64_t co, cot, kh, kc, hp, wp, ci, ho, wo, grid, tiles;
 } amx_fwd_job;
 
@@ -56,7 +57,7 @@ int64_t inttrain_conv_amx_scratch(const int64_t *dims) {
 
 /* One unit: grid tiles [t0, t0 + MP) of image img x channel tiles [c0, c0 + NC), MP * NC = 4. */
 #define AMX_FWD_UNIT(NAME, MP, NC)                                                                            \
-    __attribute__((target("amx-tile,amx-int8,avx512f"))) static void NAME(const amx_fwd_job *j, int64_t img, \
+    __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512bf16"))) static void NAME(const amx_fwd_job *j, int64_t img, \
                                                                           int64_t t0, int64_t c0) {           \
         const uint8_t *xi = j->xp + img * j->hp * j->wp * j->ci + t0 * 16 * j->ci;                            \
         const int64_t panel = j->kh * j->kc * 1024;                                                           \
@@ -113,8 +114,13 @@ int64_t inttrain_conv_amx_scratch(const int64_t *dims) {
                 if (q >= j->grid) break;                                                                      \
                 if (ow >= j->wo) continue;                                                                    \
                 const __m512i s = _mm512_sub_epi32(_mm512_loadu_si512((const void *)&acc[p][16 * v]), corr);  \
-                float *dst = j->out + ((img * j->ho + oh) * j->wo + ow) * j->co + ch;                         \
-                _mm512_mask_storeu_ps(dst, mask, _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc));                   \
+                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc);                                    \
+                const int64_t at = ((img * j->ho + oh) * j->wo + ow) * j->co + ch;                            \
+                if (j->out_bf16) /* rounded to nearest even, as float32 -> bfloat16 in torch */                \
+                    _mm256_mask_storeu_epi16((uint16_t *)(void *)j->out + at, mask,                           \
+                                             (__m256i)_mm512_cvtneps_pbh(f));                                 \
+                else                                                                                          \
+                    _mm512_mask_storeu_ps(j->out + at, mask, f);                                              \
             }                                                                                                 \
         }                                                                                                     \
     }
@@ -123,7 +129,7 @@ AMX_FWD_UNIT(amx_fwd_4x1, 4, 1)
 AMX_FWD_UNIT(amx_fwd_2x2, 2, 2)
 
 /* Every unit of the forward convolution, spread over the threads (each configures its own tiles). */
-__attribute__((target("amx-tile,amx-int8,avx512f"))) static void run_fwd_units(const amx_fwd_job *job, int64_t n,
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512bf16"))) static void run_fwd_units(const amx_fwd_job *job, int64_t n,
                                                                                 int64_t threads) {
     const int wide = job->cot >= 2; /* 2 x 2 units; else 4 grid tiles x 1 channel tile */
     const int64_t mp = wide ? 2 : 4, nc = wide ? 2 : 1;
@@ -146,12 +152,17 @@ __attribute__((target("amx-tile,amx-int8,avx512f"))) static void run_fwd_units(c
 
 /* dims: N, Ci, H, W, Co, KH, KW, Ho, Wo, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w (as conv.c's forward).
  * x: uint8 q + 128, channels-last [N][H][W][Ci]; w: int8 [Co][Ci][KH][KW] contiguous; w_scale: Co values, or
- * one (w_per_channel = 0); out: float32 [N][Ho][Wo][Co]; xp: inttrain_conv_amx_scratch(dims) bytes.
+ * one (w_per_channel bit 0 clear); out: float32 [N][Ho][Wo][Co], or bfloat16 when w_per_channel bit 1 is set
+ * (each value the float32 result rounded to nearest even); xp: inttrain_conv_amx_scratch(dims) bytes.
  * Returns 0 on success, 1 without AMX, 2 when out of memory, 3 on unsupported sizes (stride or dilation not 1,
- * a reduction int32 cannot hold). */
+ * a reduction int32 cannot hold), 4 when bfloat16 output is asked for on a CPU without AVX512-BF16. */
 int inttrain_conv_fwd_amx_u8s8(const uint8_t *x, const int8_t *w, float x_scale, const float *w_scale,
                                int64_t w_per_channel, const int64_t *dims, uint8_t *xp, float *out, int64_t threads) {
     if (!inttrain_conv_has_amx()) return 1;
+    const int64_t out_bf16 = (w_per_channel >> 1) & 1; /* bit 1: write bfloat16 (needs AVX512-BF16) */
+    w_per_channel &= 1;
+    __builtin_cpu_init();
+    if (out_bf16 && !__builtin_cpu_supports("avx512bf16")) return 4;
     const int64_t n = dims[0], ci = dims[1], h = dims[2], wd = dims[3], co = dims[4], kh = dims[5], kw = dims[6];
     const int64_t ho = dims[7], wo = dims[8], ph = dims[9], pw = dims[10];
     if (dims[11] != 1 || dims[12] != 1 || dims[13] != 1 || dims[14] != 1 || co < 1 || ci < 1) return 3;
@@ -181,7 +192,7 @@ int inttrain_conv_fwd_amx_u8s8(const uint8_t *x, const int8_t *w, float x_scale,
     pad_channels_last_u8(x, n, h, wd, ci, ph, pw, xp, threads);
     memset(xp + n * image, 128, (size_t)(total - n * image)); /* slack: read, multiplied, dropped */
     const int64_t grid = ho * wp, tiles = ceil_div(grid, 16);
-    amx_fwd_job job = {xp, wb, corr, scale, out, co, cot, kh, kc, hp, wp, ci, ho, wo, grid, tiles};
+    amx_fwd_job job = {xp, wb, corr, scale, out, out_bf16, co, cot, kh, kc, hp, wp, ci, ho, wo, grid, tiles};
     run_fwd_units(&job, n, threads);
     free(wb), free(corr), free(scale);
     return 0;
