@@ -91,8 +91,22 @@ def test_non_finite_gradient_gives_non_finite_scales() -> None:
 
 
 @needs_native
+@pytest.mark.parametrize("shape", [(7, 33), (64, 48)])
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_bfloat16_gradient_reads_as_its_float32_upcast(shape: tuple, stochastic: bool) -> None:
+    g = torch.Generator().manual_seed(3)
+    dy = (torch.randn(shape, generator=g) * 3).to(torch.bfloat16)
+    row_mul, col_mul = torch.rand(shape[1], generator=g) + 0.5, torch.rand(shape[0], generator=g) + 0.5
+    args = (row_mul, col_mul, 127)
+    kw = {"sr_rows": stochastic, "seed_rows": 5, "sr_cols": stochastic, "seed_cols": 9, "col_sum": True}
+    got, want = native.quantize_rows_cols(dy, *args, **kw), native.quantize_rows_cols(dy.float(), *args, **kw)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+@needs_native
 def test_bad_inputs_are_refused() -> None:
-    with pytest.raises(TypeError, match="expected a 2-D float32 CPU tensor"):
+    with pytest.raises(TypeError, match="expected a 2-D float32 or bfloat16 CPU tensor"):
         native.quantize_rows_cols(torch.zeros(4, 4, dtype=torch.float64), None, None, 127)
     with pytest.raises(ValueError, match="qmax must be in"):
         native.quantize_rows_cols(torch.zeros(4, 4), None, None, 200)

@@ -126,7 +126,7 @@ def _weight_grad(ctx, dy2, saved, codes, seeds):
     """``dW = dy^T x`` (None: ``dy`` is not finite).  ``codes``: the native quantizer's output, or None."""
     gw = ctx.prec.grad_weight
     if not gw.integer:
-        return dy2.t() @ saved[0].float()
+        return dy2.float().t() @ saved[0].float()
     qx, sx = saved
     if ctx.x_shifted:
         qx = _signed(qx)
@@ -148,7 +148,7 @@ def _input_grad(ctx, dy2, weight, w_codes, codes, seeds):
     """``dx = dy W`` (None: ``dy`` is not finite).  ``codes``: the native quantizer's output, or None."""
     gi = ctx.prec.grad_input
     if not gi.integer:
-        return dy2 @ weight.float()
+        return dy2.float() @ weight.float()
     if codes is not None and w_codes is not None:
         return dequant_epilogue(int_mm(codes[0], w_codes[0], reuse_output=True), codes[1], codes[1].new_ones((1, 1)))
     if w_codes is not None:
@@ -220,9 +220,10 @@ class _IntLinearFn(torch.autograd.Function):
             *saved, qwf, swf = saved
             w_codes = (qwf, swf)
         prec = ctx.prec
-        dy2 = dy.to(torch.float32).reshape(-1, dy.shape[-1])
+        # bfloat16 under autocast stays bfloat16: the quantizers read it as it is, float paths upcast
+        dy2 = (dy if dy.dtype == torch.bfloat16 else dy.to(torch.float32)).reshape(-1, dy.shape[-1])
         if ctx.grad_hook is not None:  # a recipe's transform of the output gradient (clip, noise) before quantizing
-            dy2 = ctx.grad_hook(dy2, derive_seed(seeds[2], SeedPurpose.GRAD_HOOK))
+            dy2 = ctx.grad_hook(dy2.float(), derive_seed(seeds[2], SeedPurpose.GRAD_HOOK))
         dx = dw = db = None
         gi, gw = prec.grad_input, prec.grad_weight
         row_spec = gi.lhs if ctx.needs_input_grad[0] and gi.integer else None
@@ -244,7 +245,7 @@ class _IntLinearFn(torch.autograd.Function):
                 return _non_finite_grads(ctx, weight)
             dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
         if ctx.has_bias and ctx.needs_input_grad[2]:  # the native pass summed dy's columns already
-            db = (codes[4] if codes is not None else dy2.sum(0)).to(weight.dtype)
+            db = (codes[4] if codes is not None else dy2.sum(0, dtype=torch.float32)).to(weight.dtype)
         return dx, dw, db, None, None, None, None
 
 

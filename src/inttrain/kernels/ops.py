@@ -228,9 +228,10 @@ def rows_cols_native(row_spec: QuantSpec | None, col_spec: QuantSpec | None, dev
 def _quantize_rows_cols_fake(dy, row_mul, col_mul, seeds, qmax, mode_rows, mode_cols, col_sum):
     m, n = dy.shape
     i8 = torch.int8
-    return (dy.new_empty((m, n) if mode_rows else (0,), dtype=i8), dy.new_empty((m, 1) if mode_rows else (0,)),
-            dy.new_empty((m, n) if mode_cols else (0,), dtype=i8), dy.new_empty((1, n) if mode_cols else (0,)),
-            dy.new_empty((n,) if col_sum else (0,)))
+    f32 = torch.float32
+    return (dy.new_empty((m, n) if mode_rows else (0,), dtype=i8), dy.new_empty((m, 1) if mode_rows else (0,), dtype=f32),
+            dy.new_empty((m, n) if mode_cols else (0,), dtype=i8), dy.new_empty((1, n) if mode_cols else (0,), dtype=f32),
+            dy.new_empty((n,) if col_sum else (0,), dtype=f32))
 
 
 @operator(
@@ -253,14 +254,14 @@ def quantize_rows_cols(dy: Tensor, row_mul: Tensor | None, col_mul: Tensor | Non
                        col_sum: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Codes of ``dy * row_mul`` (one scale per row, ``row_spec``) and of ``dy * col_mul`` (one scale per
     column, ``col_spec``) in two passes over ``dy``: see ``native/quantize.c``; with ``col_sum``, also dy's
-    column sums (a Linear's bias gradient, summed in double).  ``dy`` [M, N] float32,
+    column sums (a Linear's bias gradient, summed in double).  ``dy`` [M, N] float32 or bfloat16,
     ``row_mul`` [1, N] or [N], ``col_mul`` [M, 1] or [M] (or one value each).  A ``None`` spec skips that side (its outputs are
     empty when compiling, None in eager; likewise the sum without ``col_sum``).  Same codes and scales as :func:`.fused.quantize_matrix` bit for bit; call only when
     :func:`rows_cols_native`.  One graph node when compiling.
     """
     qmax = (row_spec or col_spec).fmt.qmax
     modes = [0 if spec is None else _MODES[spec.rounding] for spec in (row_spec, col_spec)]
-    dy = dy.to(torch.float32)
+    dy = dy if dy.dtype == torch.bfloat16 else dy.to(torch.float32)  # the kernel reads bfloat16 itself
     # one multiplier per feature / row; a per-tensor scale ([1, 1]) broadcasts
     row_mul, col_mul = (None if t is None else t.reshape(-1).float().expand(size).contiguous()
                         for t, size in ((row_mul, dy.shape[1]), (col_mul, dy.shape[0])))

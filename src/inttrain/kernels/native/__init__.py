@@ -142,7 +142,7 @@ def _setup_quantize(lib: ctypes.CDLL) -> None:
     lib.inttrain_quantize_rows_cols.restype = ctypes.c_int
     lib.inttrain_quantize_rows_cols.argtypes = (
         [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float]
-        + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int64])
+        + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2)
 
 
 def _setup_gemm(lib: ctypes.CDLL) -> None:
@@ -256,7 +256,7 @@ def quantize_rows_cols(
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """Codes of ``dy * row_mul`` with one scale per row, and of ``dy * col_mul[:, None]`` with one per column.
 
-    ``dy``: float32 [M, N] (made contiguous); ``row_mul`` [N] and ``col_mul`` [M] float32 or None (= 1).
+    ``dy``: float32 or bfloat16 (read as its float32 upcast) [M, N] (made contiguous); ``row_mul`` [N] and ``col_mul`` [M] float32 or None (= 1).
     Returns ``(q_rows [M, N] int8, s_rows [M, 1], q_cols [M, N] int8, s_cols [1, N], sums [N])``, None for
     what is not asked for; ``sums`` (``col_sum=True``) are dy's column sums (a bias gradient), summed in double.  Bit for bit what :func:`inttrain.kernels.fused.quantize_matrix` gives for a symmetric signed
     format of ``qmax = 2**(bits-1) - 1`` (bits <= 8), per-channel scales, nearest-even or stochastic
@@ -265,8 +265,8 @@ def quantize_rows_cols(
     lib = QUANTIZE_LIBRARY.load()
     if lib is None:
         raise RuntimeError(f"native kernels unavailable: {QUANTIZE_LIBRARY.reason}")
-    if dy.dim() != 2 or dy.dtype != torch.float32 or dy.device.type != "cpu":
-        raise TypeError(f"expected a 2-D float32 CPU tensor, got {tuple(dy.shape)} {dy.dtype} on {dy.device}")
+    if dy.dim() != 2 or dy.dtype not in (torch.float32, torch.bfloat16) or dy.device.type != "cpu":
+        raise TypeError(f"expected a 2-D float32 or bfloat16 CPU tensor, got {tuple(dy.shape)} {dy.dtype} on {dy.device}")
     if not 1 <= qmax <= 127:
         raise ValueError(f"qmax must be in [1, 127] (int8 codes), got {qmax}")
     dy = dy.contiguous()
@@ -290,7 +290,8 @@ def quantize_rows_cols(
         lib.inttrain_quantize_rows_cols(
             dy.data_ptr(), m, n, _ptr(mults[0]), _ptr(mults[1]), float(qmax), _ptr(q_rows), _ptr(s_rows),
             _ptr(q_cols), _ptr(s_cols), int(sr_rows), int(seed_rows) & 0xFFFFFFFF, int(sr_cols),
-            int(seed_cols) & 0xFFFFFFFF, _ptr(colmax), _ptr(sums), _ptr(colsum), threads)
+            int(seed_cols) & 0xFFFFFFFF, _ptr(colmax), _ptr(sums), _ptr(colsum), int(dy.dtype == torch.bfloat16),
+            threads)
     elif m or n:
         for s in (s_rows, s_cols):
             if s is not None:

@@ -54,20 +54,29 @@ typedef struct {
     int sum; /* also the column sums of dy (the bias gradient), in double per thread */
     int sr_rows, sr_cols;
     uint32_t seed_rows, seed_cols;
+    int dy_bf16; /* dy holds bfloat16 values (read as their exact float32 upcast) */
 } job_t;
+
+/* 16 values of dy from element at (masked): float32, or bfloat16 widened (its 16 bits become the high half). */
+TARGET static inline __m512 load_dy(const job_t *j, int64_t at, __mmask16 k) {
+    if (j->dy_bf16) {
+        const __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)(const void *)j->dy + at);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_maskz_loadu_ps(k, j->dy + at);
+}
 
 /* Pass 1 for row m: its amax and row codes (rows side), |B| folded into this thread's column max, and dy
  * added to this thread's column sums. */
 TARGET static void first_pass(const job_t *j, int64_t m, int32_t *cmax, double *csum) {
-    const int64_t N = j->n;
-    const float *row = j->dy + m * N;
+    const int64_t N = j->n, row = m * N;
     const int rows = j->q_rows != NULL, cols = cmax != NULL;
     const __m512 cm = _mm512_set1_ps(cols && j->col_mul ? j->col_mul[m] : 1.0f);
     const __m512 qmax = _mm512_set1_ps(j->qmax);
     __m512i rmax = _mm512_setzero_si512();
     for (int64_t n = 0; n < N; n += 16) {
         const __mmask16 k = n < j->full ? (__mmask16)0xFFFF : j->tail;
-        const __m512 v = _mm512_maskz_loadu_ps(k, row + n);
+        const __m512 v = load_dy(j, row + n, k);
         if (rows) {
             const __m512 a = j->row_mul ? _mm512_mul_ps(v, _mm512_maskz_loadu_ps(k, j->row_mul + n)) : v;
             rmax = _mm512_max_epi32(rmax, absbits(a));
@@ -91,7 +100,7 @@ TARGET static void first_pass(const job_t *j, int64_t m, int32_t *cmax, double *
     j->s_rows[m] = s;
     for (int64_t n = 0; n < N; n += 16) {
         const __mmask16 k = n < j->full ? (__mmask16)0xFFFF : j->tail;
-        const __m512 v = _mm512_maskz_loadu_ps(k, row + n);
+        const __m512 v = load_dy(j, row + n, k);
         const __m512 a = j->row_mul ? _mm512_mul_ps(v, _mm512_maskz_loadu_ps(k, j->row_mul + n)) : v;
         __m512 u = _mm512_setzero_ps();
         if (j->sr_rows)
@@ -102,13 +111,12 @@ TARGET static void first_pass(const job_t *j, int64_t m, int32_t *cmax, double *
 
 /* Pass 2 for row m: its column codes (the column scales are final). */
 TARGET static void second_pass(const job_t *j, int64_t m) {
-    const int64_t N = j->n;
-    const float *row = j->dy + m * N;
+    const int64_t N = j->n, row = m * N;
     const __m512 cm = _mm512_set1_ps(j->col_mul ? j->col_mul[m] : 1.0f);
     const __m512 qmax = _mm512_set1_ps(j->qmax);
     for (int64_t n = 0; n < N; n += 16) {
         const __mmask16 k = n < j->full ? (__mmask16)0xFFFF : j->tail;
-        const __m512 b = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + n), cm);
+        const __m512 b = _mm512_mul_ps(load_dy(j, row + n, k), cm);
         const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), k, j->s_cols + n);
         __m512 u = _mm512_setzero_ps();
         if (j->sr_cols)
@@ -117,18 +125,18 @@ TARGET static void second_pass(const job_t *j, int64_t m) {
     }
 }
 
-/* dy: [M, N] row-major float32.  Outputs with a NULL pointer are skipped (rows: q_rows/s_rows, columns:
+/* dy: [M, N] row-major float32, or bfloat16 when dy_bf16.  Outputs with a NULL pointer are skipped (rows: q_rows/s_rows, columns:
  * q_cols/s_cols, col_sum: the float32 column sums of dy, summed in double).  colmax: int32 workspace of
  * threads * N; colsum: double workspace of threads * N (when col_sum is wanted).  Returns 0. */
 int inttrain_quantize_rows_cols(const float *dy, int64_t m_rows, int64_t n_cols, const float *row_mul,
                                 const float *col_mul, float qmax, int8_t *q_rows, float *s_rows, int8_t *q_cols,
                                 float *s_cols, int64_t sr_rows, int64_t seed_rows, int64_t sr_cols,
                                 int64_t seed_cols, int32_t *colmax, float *col_sum, double *colsum,
-                                int64_t threads) {
+                                int64_t dy_bf16, int64_t threads) {
     const int64_t M = m_rows, N = n_cols;
     job_t j = {dy, row_mul, col_mul, N, N / 16 * 16, (__mmask16)((1u << (N % 16)) - 1u), qmax, q_rows, q_cols,
                s_rows, s_cols, col_sum != NULL, (int)sr_rows, (int)sr_cols, (uint32_t)seed_rows,
-               (uint32_t)seed_cols};
+               (uint32_t)seed_cols, (int)dy_bf16};
     const int cols = q_cols != NULL;
 #pragma omp parallel num_threads((int)threads)
     {
