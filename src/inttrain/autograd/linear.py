@@ -114,9 +114,10 @@ def _native_pays(dy2: torch.Tensor) -> bool:
 
 
 def _input_codes(x2: torch.Tensor, spec, seed):
-    """Row codes of the forward's input: the native pass (one read of float32 x, each row's amax and codes while
-    the row is in L1) where it pays, else the fused torch quantizer (any float dtype); the same codes either way."""
-    if x2.dtype == torch.float32 and _native_pays(x2) and rows_cols_native(spec, None, x2.device):
+    """Row codes of the forward's input: the native pass (one read of float32 or bfloat16 x, each row's amax and
+    codes while the row is in L1) where it pays, else the fused torch quantizer (any float dtype); the same codes
+    either way."""
+    if x2.dtype in (torch.float32, torch.bfloat16) and _native_pays(x2) and rows_cols_native(spec, None, x2.device):
         qx, sx, *_ = quantize_rows_cols(x2, None, None, spec, None, seed, 0)
         return qx, sx
     return quantize_matrix(x2, spec, 0, seed=seed)

@@ -61,6 +61,7 @@ class NativeLibrary:
         self._lib: ctypes.CDLL | None = None
         self._tried = False
         self._lock = threading.Lock()
+        self._queries: dict[str, bool] = {}
 
     def _name(self) -> str:
         headers = b"".join(h.read_bytes() for h in sorted(self.source.parent.glob("*.h")))  # what it may include
@@ -110,6 +111,15 @@ class NativeLibrary:
                     self.reason = str(exc)
                     _LOG.info("native int8 kernels unavailable (%s): using the torch kernels", exc)
             return self._lib
+
+    def query(self, name: str) -> bool:
+        """The library's argument-free ``int name(void)`` (a CPU or OS check), asked once and remembered: False
+        when the library is unavailable.  Remembered here because the answer cannot change within a process."""
+        answer = self._queries.get(name)
+        if answer is None:
+            lib = self.load()
+            answer = self._queries[name] = bool(lib is not None and getattr(lib, name)())
+        return answer
 
 
 def _setup_conv(lib: ctypes.CDLL) -> None:
@@ -201,8 +211,8 @@ def conv_kernel(kind: str, ci: int, stride: tuple[int, int], dilation: tuple[int
     if kind == "forward":
         return "amx" if tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and conv_amx_available() else "vnni"
     if kind == "weight_grad":
-        lib = LIBRARY.load()
-        return "amx" if tuple(stride) == (1, 1) and ci % 16 == 0 and lib is not None and lib.inttrain_conv_amx_ready() else "vnni"
+        ready = tuple(stride) == (1, 1) and ci % 16 == 0 and LIBRARY.query("inttrain_conv_amx_ready")
+        return "amx" if ready else "vnni"
     raise ValueError(f"kind must be 'forward' or 'weight_grad', got {kind!r}")
 
 
