@@ -36,7 +36,7 @@ def _dequantize_impl(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``scale * (codes - 128)`` as float32 (``scale`` broadcasts over the rows)."""
-    return _run(_dequantize_impl, (codes, scale), ())
+    return _run(_dequantize_impl, {"codes": codes, "scale": scale}, {})
 
 
 def _relu_grad_impl(codes: torch.Tensor, g: torch.Tensor, signed: bool) -> torch.Tensor:
@@ -54,7 +54,7 @@ def relu_grad(codes: torch.Tensor, g: torch.Tensor, signed: bool = False) -> tor
     the mask in backward, instead of also saving a bool mask, whose store Inductor does not vectorise (measured:
     an MLP step with int8 dataflow, 58.8 -> 32.9 ms at 1 thread).  A convolution saves the uint8 codes as they are.
     """
-    return _run(_relu_grad_impl, (codes, g), (signed,))
+    return _run(_relu_grad_impl, {"codes": codes, "g": g}, {"signed": signed})
 
 
 def _bn_forward_impl(codes, scale, weight, bias, eps: float):
@@ -69,7 +69,8 @@ def _bn_forward_impl(codes, scale, weight, bias, eps: float):
 
 def batch_norm_forward_rows(codes, scale, weight, bias, eps: float):
     """Training batch norm of int8 rows: ``(y, mean, biased var, invstd)``."""
-    return _run(_bn_forward_impl, (codes, scale, weight, bias), (float(eps),))
+    return _run(_bn_forward_impl, {"codes": codes, "scale": scale, "weight": weight, "bias": bias},
+                {"eps": float(eps)})
 
 
 def _bn_backward_impl(codes, scale, g, mean, invstd, weight):
@@ -83,7 +84,8 @@ def _bn_backward_impl(codes, scale, g, mean, invstd, weight):
 
 def batch_norm_backward_rows(codes, scale, g, mean, invstd, weight):
     """Training batch-norm backward with the input recomputed from its codes: ``(dx, dweight, dbias)``."""
-    return _run(_bn_backward_impl, (codes, scale, g, mean, invstd, weight), ())
+    return _run(_bn_backward_impl, {"codes": codes, "scale": scale, "g": g, "mean": mean, "invstd": invstd,
+                                    "weight": weight}, {})
 
 
 def _relu_quantize_impl(x: torch.Tensor, fmt: IntFormat):
@@ -95,7 +97,7 @@ def _relu_quantize_impl(x: torch.Tensor, fmt: IntFormat):
 
 def relu_quantize_rows(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """ReLU then per-tensor absmax quantization to ``bits``, round-half-even: ``(uint8 codes + 128, scale)``."""
-    return _run(_relu_quantize_impl, (x,), (IntFormat(bits),))
+    return _run(_relu_quantize_impl, {"x": x}, {"fmt": IntFormat(bits)})
 
 
 def _add_impl(a: torch.Tensor, b_codes: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
@@ -104,4 +106,4 @@ def _add_impl(a: torch.Tensor, b_codes: torch.Tensor, b_scale: torch.Tensor) -> 
 
 def add_rows(a: torch.Tensor, b_codes: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
     """``a + scale * (codes - 128)`` in float32: a float operand plus an int8 one, one pass."""
-    return _run(_add_impl, (a, b_codes, b_scale), ())
+    return _run(_add_impl, {"a": a, "b_codes": b_codes, "b_scale": b_scale}, {})

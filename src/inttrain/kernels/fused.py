@@ -34,25 +34,25 @@ class _Fusion:
 
     def __init__(self) -> None:
         self.failed = False
-        self._compiled: dict[tuple[Callable, tuple], Callable] = {}
+        self._compiled: dict[tuple[Callable, tuple], Callable] = {}  # (fn, sorted constants) -> compiled
         self._made = itertools.count()  # never reset: every clone gets a code-object name of its own
 
     def enabled(self) -> bool:
         return not self.failed and os.environ.get("INTTRAIN_COMPILE", "1") not in ("0", "false", "no")
 
-    def compiled(self, fn: Callable, constants: tuple) -> Callable:
-        """``fn`` with its trailing non-tensor arguments fixed, compiled once per distinct ``constants``.
+    def compiled(self, fn: Callable, constants: dict) -> Callable:
+        """``fn`` with its non-tensor (keyword) arguments fixed, compiled once per distinct ``constants``.
 
         Each specialisation gets its own code object: dynamo keeps one guard cache per code object with
         a small recompile limit, and a model easily has more than 8 (spec, axis, layout) combinations.
         """
-        key = (fn, constants)
+        key = (fn, tuple(sorted(constants.items())))
         run = self._compiled.get(key)
         if run is None:
             code = fn.__code__.replace(co_name=f"{fn.__name__}_{next(self._made)}")
             clone = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
             compiled = torch.compile(clone, dynamic=True)
-            run = self._compiled[key] = lambda *tensors: compiled(*tensors, *constants)
+            run = self._compiled[key] = lambda **tensors: compiled(**tensors, **constants)
         return run
 
     def clear(self) -> None:
@@ -128,26 +128,15 @@ def _epilogue_impl(acc: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, bias: 
     return y if bias is None else y + bias
 
 
-def _quantize_matrix_given_amax_impl(
-    x: torch.Tensor, seed: torch.Tensor, column_amax_of_x: torch.Tensor, spec: QuantSpec, kept_axis: int,
-    transpose: bool, zero_point: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _quantize_matrix_impl(x, seed, spec, kept_axis, transpose, zero_point, column_amax_of_x)
-
-
-def _matrix_scale_given_amax_impl(x: torch.Tensor, column_amax_of_x: torch.Tensor, spec: QuantSpec,
-                                  kept_axis: int) -> torch.Tensor:
-    return _matrix_scale_impl(x, spec, kept_axis, column_amax_of_x)
-
-
-def _run(fn: Callable, tensors: tuple, constants: tuple):
+def _run(fn: Callable, tensors: dict, constants: dict):
+    """``fn(**tensors, **constants)``, compiled once per distinct ``constants`` where fusion is on."""
     if compile_enabled() and not torch.compiler.is_compiling():
         try:
-            return FUSION.compiled(fn, constants)(*tensors)
+            return FUSION.compiled(fn, constants)(**tensors)
         except Exception as exc:  # a missing C++ compiler, an unsupported platform...
             log.warning("torch.compile failed (%s); inttrain falls back to eager quantize passes", exc)
             FUSION.failed = True
-    return fn(*tensors, *constants)
+    return fn(**tensors, **constants)
 
 
 def quantize_matrix(
@@ -189,11 +178,12 @@ def quantize_matrix(
     else:
         seed_t = torch.tensor(seed & 0xFFFFFFFF, dtype=torch.int64, device=x.device)
     # detach(): dynamo specialises on nn.Parameter shapes (a recompile per layer shape); a plain tensor is dynamic.
+    tensors = {"x": x.detach(), "seed": seed_t}
     if column_amax_of_x is not None:
         _check_column_amax(column_amax_of_x, x, kept_axis)
-        return _run(_quantize_matrix_given_amax_impl, (x.detach(), seed_t, column_amax_of_x),
-                    (spec, kept_axis, transpose, zero_point))
-    return _run(_quantize_matrix_impl, (x.detach(), seed_t), (spec, kept_axis, transpose, zero_point))
+        tensors["column_amax_of_x"] = column_amax_of_x
+    return _run(_quantize_matrix_impl, tensors,
+                {"spec": spec, "kept_axis": kept_axis, "transpose": transpose, "zero_point": zero_point})
 
 
 def _check_column_amax(column_amax_of_x: torch.Tensor, x: torch.Tensor, kept_axis: int) -> None:
@@ -207,7 +197,7 @@ def channel_amax(x: torch.Tensor) -> torch.Tensor:
     per-tensor scale of ``x`` (``kept_axis=1``) derive from, so two quantizers of one tensor read it once."""
     if x.dim() != 2 or x.numel() == 0:
         raise ValueError(f"channel_amax expects a non-empty 2-D tensor, got shape {tuple(x.shape)}")
-    return _run(_channel_amax_impl, (x.detach(),), ())
+    return _run(_channel_amax_impl, {"x": x.detach()}, {})
 
 
 def matrix_scale(x: torch.Tensor, spec: QuantSpec, kept_axis: int,
@@ -218,10 +208,11 @@ def matrix_scale(x: torch.Tensor, spec: QuantSpec, kept_axis: int,
         raise ValueError(f"matrix_scale expects a non-empty 2-D tensor, got shape {tuple(x.shape)}")
     if not isinstance(spec.granularity, (PerTensor, PerChannel)):
         raise UnsupportedFormatError(f"GEMM operands support PerTensor or PerChannel granularity, not {spec.granularity}")
+    tensors = {"x": x.detach()}
     if column_amax_of_x is not None:
         _check_column_amax(column_amax_of_x, x, kept_axis)
-        return _run(_matrix_scale_given_amax_impl, (x.detach(), column_amax_of_x), (spec, kept_axis))
-    return _run(_matrix_scale_impl, (x.detach(),), (spec, kept_axis))
+        tensors["column_amax_of_x"] = column_amax_of_x
+    return _run(_matrix_scale_impl, tensors, {"spec": spec, "kept_axis": kept_axis})
 
 
 def dequant_epilogue(
@@ -231,7 +222,7 @@ def dequant_epilogue(
     if acc.numel() == 0:
         return _epilogue_impl(acc, sa, sb, bias)
     if bias is None:
-        return _run(_epilogue_impl, (acc, sa, sb), (None,))
-    return _run(_epilogue_impl, (acc, sa, sb, bias), ())
+        return _run(_epilogue_impl, {"acc": acc, "sa": sa, "sb": sb}, {"bias": None})
+    return _run(_epilogue_impl, {"acc": acc, "sa": sa, "sb": sb, "bias": bias}, {})
 
 
