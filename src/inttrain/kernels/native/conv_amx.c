@@ -104,24 +104,25 @@ int64_t inttrain_conv_amx_scratch(const int64_t *dims) {
             _tile_stored(2, acc[16], 128);                                                                    \
             _tile_stored(3, &acc[16][16], 128);                                                               \
         }                                                                                                     \
-        for (int v = 0; v < (NC) && c0 + v < j->cot; ++v) {                                                   \
-            const int64_t ch = 16 * (c0 + v), live = j->co - ch < 16 ? j->co - ch : 16;                       \
-            const __mmask16 mask = (__mmask16)((1u << live) - 1u);                                            \
-            const __m512i corr = _mm512_loadu_si512((const void *)(j->corr + ch));                            \
-            const __m512 sc = _mm512_loadu_ps(j->scale + ch);                                                 \
-            for (int64_t p = 0; p < (MP) * 16; ++p) {                                                         \
-                const int64_t q = t0 * 16 + p, oh = q / j->wp, ow = q % j->wp;                                \
-                if (q >= j->grid) break;                                                                      \
-                if (ow >= j->wo) continue;                                                                    \
-                const __m512i s = _mm512_sub_epi32(_mm512_loadu_si512((const void *)&acc[p][16 * v]), corr);  \
-                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc);                                    \
-                const int64_t at = ((img * j->ho + oh) * j->wo + ow) * j->co + ch;                            \
-                if (j->out_bf16) /* rounded to nearest even, as float32 -> bfloat16 in torch */                \
-                    _mm256_mask_storeu_epi16((uint16_t *)(void *)j->out + at, mask,                           \
-                                             (__m256i)_mm512_cvtneps_pbh(f));                                 \
-                else                                                                                          \
-                    _mm512_mask_storeu_ps(j->out + at, mask, f);                                              \
+        /* the grid position walks with p (a division per pixel had cost more than the tiles' multiplies) */   \
+        int64_t q = t0 * 16, oh = q / j->wp, ow = q % j->wp;                                                  \
+        for (int64_t p = 0; p < (MP) * 16 && q < j->grid; ++p, ++q) {                                        \
+            if (ow < j->wo) {                                                                                 \
+                const int64_t at = ((img * j->ho + oh) * j->wo + ow) * j->co;                               \
+                for (int v = 0; v < (NC) && c0 + v < j->cot; ++v) {                                           \
+                    const int64_t ch = 16 * (c0 + v), live = j->co - ch < 16 ? j->co - ch : 16;               \
+                    const __mmask16 mask = (__mmask16)((1u << live) - 1u);                                    \
+                    const __m512i s = _mm512_sub_epi32(_mm512_loadu_si512((const void *)&acc[p][16 * v]),     \
+                                                       _mm512_loadu_si512((const void *)(j->corr + ch)));     \
+                    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_loadu_ps(j->scale + ch));    \
+                    if (j->out_bf16) /* rounded to nearest even, as float32 -> bfloat16 in torch */            \
+                        _mm256_mask_storeu_epi16((uint16_t *)(void *)j->out + at + ch, mask,                   \
+                                                 (__m256i)_mm512_cvtneps_pbh(f));                             \
+                    else                                                                                      \
+                        _mm512_mask_storeu_ps(j->out + at + ch, mask, f);                                     \
+                }                                                                                             \
             }                                                                                                 \
+            if (++ow == j->wp) ow = 0, ++oh;                                                                  \
         }                                                                                                     \
     }
 
