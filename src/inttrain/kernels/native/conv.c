@@ -473,14 +473,17 @@ PACK_TARGET static void pack_gradient_grid(const wgrad_job *job) {
             __m512i sums = _mm512_setzero_si512();
             int32_t lanes[16];
             int8_t *dst = job->gp + (n * cot_n + t) * kq * 16;
+            int64_t oh = 0, ow = 0; /* grid pixel q = oh * wph + ow, walked along (no division per pixel) */
             for (int64_t q0 = 0; q0 < kq; q0 += 4, dst += 64) {
                 __m512i v = _mm512_setzero_si512();
                 for (int i = 0; i < 4; ++i) {
-                    const int64_t q = q0 + i, oh = q / job->wph, ow = q % job->wph;
-                    if (q >= grid || ow >= job->wo) continue;
-                    const __m128i c = pixel_codes(job, n, t, oh, ow);
-                    v = i == 0 ? _mm512_inserti32x4(v, c, 0) : i == 1 ? _mm512_inserti32x4(v, c, 1)
-                      : i == 2 ? _mm512_inserti32x4(v, c, 2) : _mm512_inserti32x4(v, c, 3);
+                    const int live = q0 + i < grid && ow < job->wo;
+                    if (live) {
+                        const __m128i c = pixel_codes(job, n, t, oh, ow);
+                        v = i == 0 ? _mm512_inserti32x4(v, c, 0) : i == 1 ? _mm512_inserti32x4(v, c, 1)
+                          : i == 2 ? _mm512_inserti32x4(v, c, 2) : _mm512_inserti32x4(v, c, 3);
+                    }
+                    if (++ow == job->wph) ow = 0, ++oh;
                 }
                 v = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(dword_t, v), byte_t);
                 _mm512_storeu_si512((void *)dst, v);
