@@ -460,6 +460,9 @@ int inttrain_wgrad_f32(const float *gf, const int64_t *gs, const float *gscale, 
  * the packed images are still in cache when the tiles read them; the threads' int64 sums are added at the
  * end.  Layout of gp here: [N][CoT][kq / 4][16][4], kq = Ho * wph rounded up to 64. */
 
+/* Bytes of packed codes a weight-gradient chunk may hold: a quarter of a 2 MB L2, room for the sources. */
+#define WGRAD_L2_BUDGET ((int64_t)512 * 1024)
+
 #define AMX_TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* Grid-layout gradient codes for images [first_image, last_image), and their per-channel sums. */
@@ -609,7 +612,13 @@ static int run_wgrad_amx(wgrad_job base, const int64_t *gs, const int64_t *xs, c
     setup_wgrad(&base, gs, xs, dims);
     if (base.stride_h != 1 || base.stride_w != 1 || base.ci % 16 != 0) return 3;
     base.kq = (base.ho * base.wph + 63) / 64 * 64;
-    base.chunk = ((int64_t)1 << 16) / base.kq > 0 ? ((int64_t)1 << 16) / base.kq : 1;
+    /* Images per chunk: each chunk's packed codes stay in L2 while every accumulator block streams them (with
+       all images in one chunk, a 32-channel layer's 2.6 MB of packed codes were streamed from L3 once per
+       block), and at most 2^16 / kq images keep the int32 sums exact. */
+    const int64_t image_bytes = base.ci * base.hp * base.wph + ((base.co + 15) / 16) * base.kq * 16;
+    const int64_t exact = ((int64_t)1 << 16) / base.kq > 0 ? ((int64_t)1 << 16) / base.kq : 1;
+    const int64_t cached = WGRAD_L2_BUDGET / image_bytes > 0 ? WGRAD_L2_BUDGET / image_bytes : 1;
+    base.chunk = exact < cached ? exact : cached;
     const int64_t taps = base.kh * base.kw, columns = base.ci * taps, rows = taps * (base.ci / 16);
     const int64_t ldc = 16 * ((base.co + 15) / 16), cells = 16 * rows * ldc;
     if (threads < 1) threads = 1;
