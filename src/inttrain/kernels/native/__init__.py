@@ -255,6 +255,11 @@ def int8_mm_amx(a: Tensor, b: Tensor, out: Tensor | None = None, threads: int | 
 _GEMM_MAX_K = ((1 << 31) - 1) // (128 * 128)
 
 
+# The scale-layout argument of the native convolution entry points is a set of flags (conv.c / conv_amx.c):
+_PER_CHANNEL = 1  # one scale per channel (else one for the tensor)
+_BFLOAT16 = 2  # the forward writes bfloat16 / the weight gradient reads a bfloat16 dy
+
+
 def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -399,7 +404,7 @@ def conv2d_weight_grad_float(
     scale = g_scale.reshape(-1).to(torch.float32).contiguous()
     if scale.numel() not in (1, co):
         raise ValueError(f"g_scale has {scale.numel()} values, expected 1 or {co}")
-    flags = int(scale.numel() == co and co > 1) | (2 if dy.dtype == torch.bfloat16 else 0)  # bit 1: bf16 dy
+    flags = (_PER_CHANNEL if scale.numel() == co and co > 1 else 0) | (_BFLOAT16 if dy.dtype == torch.bfloat16 else 0)
     float_args = (scale.data_ptr(), flags, int(qmax), int(stochastic), int(seed) & 0xFFFFFFFF)
     return _run_wgrad(dy, xu8, weight_shape, stride, padding, dilation, threads, float_args)
 
@@ -445,12 +450,12 @@ def conv2d_forward_u8s8(
     x, w_codes = xu8.contiguous(memory_format=torch.channels_last), wq.contiguous()  # held: C reads them
     scale = w_scale.reshape(-1).to(torch.float32).contiguous()
     dims = _int64_array([n, ci, h, w, co, kh, kw, ho, wo, ph, pw, sh, sw, dh, dw])
-    args = (float(x_scale), scale.data_ptr(), int(scale.numel() > 1), dims)
+    args = (float(x_scale), scale.data_ptr(), _PER_CHANNEL if scale.numel() > 1 else 0, dims)
     threads = threads or torch.get_num_threads()
-    if amx:  # AMX tiles (conv_amx.c); flag bit 1: bfloat16 output
+    if amx:  # AMX tiles (conv_amx.c), which write bfloat16 themselves
         lib_amx = CONV_AMX_LIBRARY.load()
         xp = scratch((lib_amx.inttrain_conv_amx_scratch(dims),), torch.uint8, xu8.device)
-        flags = args[2] | (2 if out_dtype == torch.bfloat16 else 0)
+        flags = args[2] | (_BFLOAT16 if out_dtype == torch.bfloat16 else 0)
         status = lib_amx.inttrain_conv_fwd_amx_u8s8(x.data_ptr(), w_codes.data_ptr(), args[0], args[1], flags, dims,
                                                     xp.data_ptr(), out.data_ptr(), threads)
         if status == 4:  # no AVX512-BF16 for the conversion: float32, then torch rounds it
