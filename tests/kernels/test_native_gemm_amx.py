@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from inttrain.kernels import int_kernel_calls, int_mm, int_mm_reference, native, reset_kernel_calls
+from inttrain.kernels.fused import dequant_epilogue
+from inttrain.kernels.matmul import int_mm_dequant
 
 needs_amx = pytest.mark.skipif(not native.amx_available(), reason=f"AMX GEMM unavailable: {native.GEMM_LIBRARY.reason}")
 
@@ -72,6 +74,45 @@ def test_int8_mm_runs_on_it_and_counts_the_call(monkeypatch: pytest.MonkeyPatch)
     got = int_mm(a, b, reuse_output=True)
     assert calls and int_kernel_calls() == {"int8_mm": 1}
     assert torch.equal(got.long(), int_mm_reference(a, b))
+
+
+@needs_amx
+@pytest.mark.parametrize("shape", [(1, 1, 1), (5, 7, 3), (33, 65, 31), (64, 128, 96), (1024, 512, 10)])
+@pytest.mark.parametrize("scales", ["row x column", "one x column", "row x one", "one x one"])
+def test_dequantizing_gemm_equals_the_int32_product_times_its_scales(shape: tuple, scales: str) -> None:
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(m + 3 * k + 7 * n)
+    a, b = _codes((k, m), gen, "row-major").t(), _codes((k, n), gen, "strided")  # a weight gradient's dy^T
+    sa = torch.rand((m, 1) if scales.startswith("row") else (1, 1), generator=gen) / 100
+    sb = torch.rand((1, n) if scales.endswith("column") else (1, 1), generator=gen) / 100
+    want = native.int8_mm_amx(a, b).float() * sa * sb  # the order torch evaluates acc.float() * sa * sb in
+    for threads in (1, 2, 3):
+        got = native.int8_mm_amx_scaled(a, b, sa, sb, threads=threads)
+        assert got.dtype == torch.float32 and got.shape == (m, n) and got.is_contiguous()
+        assert torch.equal(got, want), threads
+    with pytest.raises(ValueError, match="scales must have 1 or"):
+        native.int8_mm_amx_scaled(a, b, torch.ones(m + 1, 1), sb)
+
+
+@needs_amx
+def test_int_mm_dequant_is_the_epilogue_of_int_mm_fused_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(5)
+    a, b = _codes((96, 40), gen, "column-major"), _codes((96, 72), gen, "row-major")
+    sa, sb = torch.rand(40, 1, generator=gen), torch.rand(1, 1, generator=gen)
+    want = dequant_epilogue(int_mm(a.t(), b), sa, sb)
+    calls = []
+    real = native.int8_mm_amx_scaled
+    monkeypatch.setattr(native, "int8_mm_amx_scaled", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    reset_kernel_calls()
+    assert torch.equal(int_mm_dequant(a.t(), b, sa, sb), want)
+    assert calls and int_kernel_calls() == {"int8_mm": 1}
+    # scales the kernel does not take (here a bfloat16 one) go the unfused way: the epilogue's result, no call
+    sb16 = sb.bfloat16()
+    assert torch.equal(int_mm_dequant(a.t(), b, sa, sb16), dequant_epilogue(int_mm(a.t(), b), sa, sb16))
+    assert len(calls) == 1
+    got = torch.ops.inttrain.int8_mm_dequant(a.t(), b, sa, sb)
+    assert torch.equal(got, want)
+    torch.library.opcheck(torch.ops.inttrain.int8_mm_dequant, (a.t(), b, sa, sb))
 
 
 def test_rejects_what_it_cannot_multiply() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.fused import dequant_epilogue, quantize_matrix
-from ..kernels.matmul import int_mm
+from ..kernels.matmul import int_mm, int_mm_dequant
 from ..kernels.ops import quantize_rows_cols, rows_cols_native
 from ..numerics.hashing import SeedPurpose, derive_seed
 from ..numerics.quantize import check_finite, is_finite
@@ -100,7 +100,7 @@ def _dw_from_forward_codes(dy2, qx, sx, dy_spec, seed):
     forward then quantizes x once instead of twice (per row, and per column for dW).
     """
     qg, sg = quantize_matrix(dy2 * sx, dy_spec, 1, seed=seed)
-    return dequant_epilogue(int_mm(qg.t(), qx, reuse_output=True), sg.t(), sg.new_ones((1, 1)))
+    return int_mm_dequant(qg.t(), qx, sg.t(), sg.new_ones((1, 1)))
 
 
 # In compiled steps Inductor fuses what produced dy (a ReLU or GELU backward, the next layer's dx epilogue) into
@@ -136,13 +136,13 @@ def _weight_grad(ctx, dy2, saved, codes, seeds):
         qc, sc = codes[2], codes[3]
         if not ctx.x_rows_folded and not is_finite(sc):
             return None
-        return dequant_epilogue(int_mm(qc.t(), qx, reuse_output=True), sc.t(), ones if ctx.x_rows_folded else sx)
+        return int_mm_dequant(qc.t(), qx, sc.t(), ones if ctx.x_rows_folded else sx)
     if ctx.x_rows_folded:
         return _dw_from_forward_codes(dy2, qx, sx, gw.lhs, seeds[2])
     qg, sg = _dy_transposed_codes(dy2, gw.lhs, seeds[2])
     if not is_finite(sg):  # amax propagates inf/NaN, so this tiny check covers all of dy
         return None
-    return dequant_epilogue(int_mm(qg, qx, reuse_output=True), sg, sx)
+    return int_mm_dequant(qg, qx, sg, sx)
 
 
 def _input_grad(ctx, dy2, weight, w_codes, codes, seeds):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import native
+from .fused import dequant_epilogue
 from .counters import count
 from .workspace import scratch
 
@@ -155,3 +156,36 @@ def int_mm(a: torch.Tensor, b: torch.Tensor, *, reuse_output: bool = False) -> t
     p = _int16_x_int8(a, torch.cat([bh, bl], dim=1))
     rowsum = a.to(torch.int64).sum(1, keepdim=True)
     return 256 * p[:, :n] + p[:, n:] + 128 * rowsum
+
+
+@torch.compiler.assume_constant_result  # a compiled graph asks once, at trace time (the answer cannot change)
+def _amx_gemm_available() -> bool:
+    return native.amx_available()
+
+
+def _dequant_scales_fit(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> bool:
+    m, n = a.shape[0], b.shape[1]
+    return (sa.dim() == 2 and tuple(sa.shape) in ((m, 1), (1, 1)) and sb.dim() == 2
+            and tuple(sb.shape) in ((1, n), (1, 1)) and sa.dtype == sb.dtype == torch.float32)
+
+
+def int_mm_dequant(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """``dequant_epilogue(int_mm(a, b), sa, sb)``: the float32 ``a @ b * sa * sb`` of int8 codes with their scales
+    (``sa`` [M, 1] or [1, 1], ``sb`` [1, N] or [1, 1]), bit for bit.
+
+    On CPUs with AMX the GEMM dequantizes each block while it is in cache (``native.int8_mm_amx_scaled``), so
+    the int32 product never goes through memory: for a weight gradient, whose dequantized product goes straight
+    to ``.grad``, that saves writing and reading it back (an MLP's 1024x1024 weight gradients: an int32 write,
+    an int32 read and a float32 write became one float32 write).
+    """
+    _check_operands(a, b)
+    fused = (a.dtype == torch.int8 and b.dtype == torch.int8 and a.device.type == "cpu" and a.shape[1] <= INT8_SAFE_K
+             and min(a.shape[0], a.shape[1], b.shape[1]) > 0 and _dequant_scales_fit(a, b, sa, sb)
+             and _amx_gemm_available())
+    if not fused:
+        return dequant_epilogue(int_mm(a, b, reuse_output=True), sa, sb)
+    if torch.compiler.is_compiling():  # one opaque graph node (see .ops); it counts itself when it runs
+        return torch.ops.inttrain.int8_mm_dequant(a, b, sa, sb)
+    count("int8_mm")
+    return native.int8_mm_amx_scaled(a, b, sa, sb)
+

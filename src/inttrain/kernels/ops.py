@@ -21,6 +21,7 @@ from . import conv as conv_kernels
 from . import native
 from ..oplib import operator
 from .conv_geometry import ConvGeometry
+from .counters import count
 from .matmul import INT8_SAFE_K, int8_mm
 
 __all__ = ["int8_mm_op", "conv2d_forward_u8", "conv2d_input_grad_u8", "conv2d_weight_grad",
@@ -57,6 +58,20 @@ def _int8_mm_fake(a: Tensor, b: Tensor) -> Tensor:
 def _int8_mm(a: Tensor, b: Tensor) -> Tensor:
     """Exact ``a @ b`` of int8 matrices: int32, or int64 when the reduction is longer than INT8_SAFE_K."""
     return int8_mm(a, b).contiguous()  # CUDA's zero-padded result is a slice: hand back the fake's layout
+
+
+def _int8_mm_dequant_fake(a: Tensor, b: Tensor, sa: Tensor, sb: Tensor) -> Tensor:
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
+
+
+@operator(
+    "int8_mm_dequant(Tensor a, Tensor b, Tensor sa, Tensor sb) -> Tensor",
+    _int8_mm_dequant_fake,
+)
+def _int8_mm_dequant(a: Tensor, b: Tensor, sa: Tensor, sb: Tensor) -> Tensor:
+    """:func:`inttrain.kernels.matmul.int_mm_dequant` on AMX (the only caller: it checks the operands)."""
+    count("int8_mm")
+    return native.int8_mm_amx_scaled(a, b, sa, sb)
 
 
 def int8_mm_op(a: Tensor, b: Tensor) -> Tensor:

@@ -28,7 +28,7 @@ from ..workspace import scratch
 __all__ = ["NativeLibrary", "LIBRARY", "QUANTIZE_LIBRARY", "available", "quantize_available",
            "conv2d_weight_grad_int", "conv2d_weight_grad_float", "quantize_rows_cols",
            "conv_forward_supported", "conv2d_forward_u8s8", "GEMM_LIBRARY", "amx_available", "int8_mm_amx",
-           "CONV_AMX_LIBRARY", "conv_amx_available", "conv_kernel"]
+           "CONV_AMX_LIBRARY", "conv_amx_available", "conv_kernel", "int8_mm_amx_scaled"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
@@ -163,6 +163,8 @@ def _setup_gemm(lib: ctypes.CDLL) -> None:
     lib.inttrain_gemm_amx_workspace.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p]
     lib.inttrain_gemm_s8s8s32.restype = ctypes.c_int
     lib.inttrain_gemm_s8s8s32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64]
+    lib.inttrain_gemm_s8s8f32.restype = ctypes.c_int
+    lib.inttrain_gemm_s8s8f32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64]
 
 
 def _setup_conv_amx(lib: ctypes.CDLL) -> None:
@@ -222,6 +224,25 @@ def int8_mm_amx(a: Tensor, b: Tensor, out: Tensor | None = None, threads: int | 
     What ``torch._int_mm`` computes, bit for bit (int32 sums: K <= 131071).  ``out``: a row-major int32
     [M, N] to write into.  Call only when :func:`amx_available`.
     """
+    return _amx_gemm(a, b, out, torch.int32, threads, None)
+
+
+def int8_mm_amx_scaled(a: Tensor, b: Tensor, row_scale: Tensor, col_scale: Tensor, threads: int | None = None) -> Tensor:
+    """``a @ b`` as :func:`int8_mm_amx`, dequantized in the same pass: float32 ``(float32(sum) * row_scale) *
+    col_scale``, bit for bit ``int8_mm_amx(a, b).float() * row_scale * col_scale`` (``row_scale`` [M, 1] or one
+    value, ``col_scale`` [1, N] or one value, float32), without the int32 product in memory."""
+    m, n = int(a.shape[0]), int(b.shape[1])
+    rows = row_scale.to(torch.float32).reshape(-1).contiguous()
+    cols = col_scale.to(torch.float32).reshape(-1).contiguous()
+    if rows.numel() not in (1, m) or cols.numel() not in (1, n) or rows.numel() == 0 or cols.numel() == 0:
+        raise ValueError(f"scales must have 1 or {m} (rows) and 1 or {n} (columns) values, got {rows.numel()}, "
+                         f"{cols.numel()}")
+    flags = int(rows.numel() == m and m > 1) | (2 if cols.numel() == n and n > 1 else 0)
+    return _amx_gemm(a, b, None, torch.float32, threads, (rows, cols, flags))
+
+
+def _amx_gemm(a: Tensor, b: Tensor, out: Tensor | None, dtype: torch.dtype, threads: int | None,
+              scales: tuple[Tensor, Tensor, int] | None) -> Tensor:
     lib = GEMM_LIBRARY.load()
     if lib is None:
         raise RuntimeError(f"native kernels unavailable: {GEMM_LIBRARY.reason}")
@@ -231,9 +252,10 @@ def int8_mm_amx(a: Tensor, b: Tensor, out: Tensor | None = None, threads: int | 
     if b.shape[0] != k or k > _GEMM_MAX_K:
         raise ValueError(f"cannot multiply {tuple(a.shape)} by {tuple(b.shape)} exactly in int32")
     if out is None:
-        out = torch.empty((m, n), dtype=torch.int32)
-    elif out.shape != (m, n) or out.dtype != torch.int32 or out.stride(1) != 1:
-        raise ValueError(f"out must be a row-major int32 [{m}, {n}], got {tuple(out.shape)} {out.dtype}")
+        out = torch.empty((m, n), dtype=dtype)
+    elif out.shape != (m, n) or out.dtype != dtype or out.stride(1) != 1:
+        name = str(dtype).removeprefix("torch.")
+        raise ValueError(f"out must be a row-major {name} [{m}, {n}], got {tuple(out.shape)} {out.dtype}")
     if m == 0 or n == 0:
         return out
     if k == 0:
@@ -244,8 +266,12 @@ def int8_mm_amx(a: Tensor, b: Tensor, out: Tensor | None = None, threads: int | 
     lib.inttrain_gemm_amx_workspace(m, n, k, sam, sak, sizes)
     work = scratch((int(sizes[0]) + int(sizes[1]),), torch.int8, a.device)  # one buffer: [Ap | Bp]
     dims = _int64_array([m, n, k, sam, sak, sbk, sbn, out.stride(0)])
-    status = lib.inttrain_gemm_s8s8s32(a.data_ptr(), b.data_ptr(), out.data_ptr(), dims, work.data_ptr(),
-                                       work.data_ptr() + int(sizes[0]), threads or torch.get_num_threads())
+    args = (a.data_ptr(), b.data_ptr(), out.data_ptr(), dims, work.data_ptr(), work.data_ptr() + int(sizes[0]),
+            threads or torch.get_num_threads())
+    if scales is None:
+        status = lib.inttrain_gemm_s8s8s32(*args)
+    else:
+        status = lib.inttrain_gemm_s8s8f32(*args, scales[0].data_ptr(), scales[1].data_ptr(), scales[2])
     if status != 0:
         raise RuntimeError(f"native AMX GEMM failed (status {status})")
     return out

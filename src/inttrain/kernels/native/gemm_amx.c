@@ -16,6 +16,7 @@
  *   Ap int8 [Mp][Kp]            A's rows, K padded with zeros to a multiple of 64, M to a multiple of 32.
  *                               Skipped (A read in place) when A is row-major and M, K already are.
  *   Bp int8 [Np/16][Kp/4][16][4] B in VNNI panels of 16 columns, zeros outside.
+ * inttrain_gemm_s8s8f32 dequantizes each 32 x 32 block while it is in L1 and writes float32 instead.
  * The compute runs 2x2 accumulator tiles (a 32 x 32 block of C) with two A and two B tiles per 64-deep
  * step: all 8 tile registers.  B is cut into column chunks of at most ~1 MB (kept in L2) and every row
  * block of A runs across a chunk before the next chunk starts.
@@ -151,10 +152,39 @@ __attribute__((target("amx-tile,amx-int8"))) static void block_32x32(const int8_
     _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
 }
 
-__attribute__((target("amx-tile,amx-int8"))) static void compute(const int8_t *ap, int64_t lda, const int8_t *bp,
-                                                                  int32_t *c, int64_t m, int64_t n, int64_t mp,
-                                                                  int64_t np, int64_t kp, int64_t ldc,
-                                                                  int64_t threads) {
+/* The dequantizing epilogue: C'[i][j] = (float32(sum) * row_scale[i]) * col_scale[j] in float32, the order
+ * in which torch evaluates acc.float() * sa * sb (a scale is one value unless its flag bit is set). */
+typedef struct {
+    float *c;
+    const float *row_scale, *col_scale;
+    int64_t per_row, per_col;
+} gemm_epilogue;
+
+/* Rows [i0, i0 + 32) x columns [j0, j0 + 32) of the 32 x 32 int32 block e (row length 32), clipped to m x n. */
+__attribute__((target("avx512f"))) static void dequantize_block(const int32_t *e, const gemm_epilogue *ep,
+                                                                  int64_t i0, int64_t j0, int64_t m, int64_t n,
+                                                                  int64_t ldc) {
+    const int64_t cols = n - j0 < 32 ? n - j0 : 32;
+    const __mmask16 lo = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1u);
+    const __mmask16 hi = (__mmask16)(cols >= 32 ? 0xFFFF : cols > 16 ? (1u << (cols - 16)) - 1u : 0);
+    const __m512 c0 = ep->per_col ? _mm512_maskz_loadu_ps(lo, ep->col_scale + j0) : _mm512_set1_ps(ep->col_scale[0]);
+    const __m512 c1 = ep->per_col ? _mm512_maskz_loadu_ps(hi, ep->col_scale + j0 + 16) : c0;
+    for (int64_t i = i0; i < i0 + 32 && i < m; ++i) {
+        const __m512 r = _mm512_set1_ps(ep->row_scale[ep->per_row ? i : 0]);
+        const int32_t *src = e + (i - i0) * 32;
+        float *dst = ep->c + i * ldc + j0;
+        const __m512 f0 = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(src)), r), c0);
+        const __m512 f1 = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(src + 16)), r), c1);
+        _mm512_mask_storeu_ps(dst, lo, f0);
+        _mm512_mask_storeu_ps(dst + 16, hi, f1);
+    }
+}
+
+__attribute__((target("amx-tile,amx-int8,avx512f"))) static void compute(const int8_t *ap, int64_t lda,
+                                                                          const int8_t *bp, int32_t *c, int64_t m,
+                                                                          int64_t n, int64_t mp, int64_t np,
+                                                                          int64_t kp, int64_t ldc, int64_t threads,
+                                                                          const gemm_epilogue *ep) {
     int64_t chunk = (CHUNK_BYTES / kp) / 32 * 32; /* columns per chunk */
     if (chunk < 32) chunk = 32;
     const int64_t chunks = (np + chunk - 1) / chunk, mblocks = mp / 32;
@@ -169,7 +199,10 @@ __attribute__((target("amx-tile,amx-int8"))) static void compute(const int8_t *a
                 const int64_t i0 = mb * 32, n_end = (ch + 1) * chunk < np ? (ch + 1) * chunk : np;
                 for (int64_t j0 = ch * chunk; j0 < n_end; j0 += 32) {
                     const int8_t *a0 = ap + i0 * lda, *b0 = bp + (j0 / 16) * kp * 16;
-                    if (i0 + 32 <= m && j0 + 32 <= n) {
+                    if (ep) { /* through a local tile into the float epilogue (the int32 block stays in L1) */
+                        block_32x32(a0, lda, b0, kp, edge, 32);
+                        dequantize_block(edge, ep, i0, j0, m, n, ldc);
+                    } else if (i0 + 32 <= m && j0 + 32 <= n) {
                         block_32x32(a0, lda, b0, kp, c + i0 * ldc + j0, ldc);
                     } else { /* an edge block: through a local tile, then the part inside C */
                         block_32x32(a0, lda, b0, kp, edge, 32);
@@ -190,10 +223,9 @@ void inttrain_gemm_amx_workspace(int64_t m, int64_t n, int64_t k, int64_t sam, i
     out[1] = np * kp;
 }
 
-/* C = A @ B exactly (see the top of the file).  dims: m, n, k, sam, sak, sbk, sbn, ldc.  ap: workspace of
- * inttrain_gemm_amx_workspace's size (unused when that is 0), bp likewise.  Returns 0, or 1 without AMX. */
-int inttrain_gemm_s8s8s32(const int8_t *a, const int8_t *b, int32_t *c, const int64_t *dims, int8_t *ap, int8_t *bp,
-                          int64_t threads) {
+/* Packs A and B, then multiplies; ep NULL: int32 C, else the float epilogue writes ep->c. */
+static int gemm(const int8_t *a, const int8_t *b, int32_t *c, const int64_t *dims, int8_t *ap, int8_t *bp,
+                int64_t threads, const gemm_epilogue *ep) {
     const int64_t m = dims[0], n = dims[1], k = dims[2], sam = dims[3], sak = dims[4], sbk = dims[5],
                   sbn = dims[6], ldc = dims[7];
     if (!inttrain_has_amx()) return 1;
@@ -224,6 +256,22 @@ int inttrain_gemm_s8s8s32(const int8_t *a, const int8_t *b, int32_t *c, const in
         a_rows = ap;
         lda = kp;
     }
-    compute(a_rows, lda, bp, c, m, n, mp, np, kp, ldc, threads);
+    compute(a_rows, lda, bp, c, m, n, mp, np, kp, ldc, threads, ep);
     return 0;
+}
+
+/* C = A @ B exactly (see the top of the file).  dims: m, n, k, sam, sak, sbk, sbn, ldc.  ap: workspace of
+ * inttrain_gemm_amx_workspace's size (unused when that is 0), bp likewise.  Returns 0, or 1 without AMX. */
+int inttrain_gemm_s8s8s32(const int8_t *a, const int8_t *b, int32_t *c, const int64_t *dims, int8_t *ap, int8_t *bp,
+                          int64_t threads) {
+    return gemm(a, b, c, dims, ap, bp, threads, NULL);
+}
+
+/* C = (float32(A @ B) * row_scale) * col_scale, float32 row-major (ldc = dims[7]), without an int32 C in memory:
+ * a weight gradient's dequantization.  scale_flags bit 0: one row scale per row of C (else row_scale[0] for
+ * all), bit 1: one column scale per column.  Otherwise as inttrain_gemm_s8s8s32. */
+int inttrain_gemm_s8s8f32(const int8_t *a, const int8_t *b, float *c, const int64_t *dims, int8_t *ap, int8_t *bp,
+                          int64_t threads, const float *row_scale, const float *col_scale, int64_t scale_flags) {
+    const gemm_epilogue ep = {c, row_scale, col_scale, scale_flags & 1, (scale_flags >> 1) & 1};
+    return gemm(a, b, NULL, dims, ap, bp, threads, &ep);
 }
