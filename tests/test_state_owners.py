@@ -19,10 +19,10 @@ from inttrain.spec import PER_ROW, QuantSpec
 def test_fusion_compiles_once_per_specialisation_and_clear_forgets(monkeypatch):
     monkeypatch.setenv("INTTRAIN_COMPILE", "1")
     spec = QuantSpec(granularity=PER_ROW)
-    constants = (spec, 0, False, 0)
+    constants = {"spec": spec, "kept_axis": 0, "transpose": False, "zero_point": 0}
     first = FUSION.compiled(_quantize_matrix_impl, constants)
     assert FUSION.compiled(_quantize_matrix_impl, constants) is first
-    assert FUSION.compiled(_quantize_matrix_impl, (spec, 1, False, 0)) is not first
+    assert FUSION.compiled(_quantize_matrix_impl, {**constants, "kept_axis": 1}) is not first
     FUSION.failed = True
     assert not FUSION.enabled()
     FUSION.clear()
