@@ -237,8 +237,13 @@ def int8_mm_amx_scaled(a: Tensor, b: Tensor, row_scale: Tensor, col_scale: Tenso
     if rows.numel() not in (1, m) or cols.numel() not in (1, n) or rows.numel() == 0 or cols.numel() == 0:
         raise ValueError(f"scales must have 1 or {m} (rows) and 1 or {n} (columns) values, got {rows.numel()}, "
                          f"{cols.numel()}")
-    flags = int(rows.numel() == m and m > 1) | (2 if cols.numel() == n and n > 1 else 0)
+    flags = (_PER_ROW if rows.numel() == m and m > 1 else 0) | (_PER_COLUMN if cols.numel() == n and n > 1 else 0)
     return _amx_gemm(a, b, None, torch.float32, threads, (rows, cols, flags))
+
+
+# inttrain_gemm_s8s8f32's scale_flags (gemm_amx.c)
+_PER_ROW = 1  # one row scale per row of the product (else one for all)
+_PER_COLUMN = 2  # one column scale per column
 
 
 def _amx_gemm(a: Tensor, b: Tensor, out: Tensor | None, dtype: torch.dtype, threads: int | None,
