@@ -87,7 +87,8 @@ def test_mlp_lockstep_20_steps(digits, bits, momentum):
     _lockstep({**MLP, "weight_bits": bits}, digits, 20, 8 if momentum else 6, momentum)
 
 
-@pytest.mark.parametrize("rounding", [{"forward": "pstoch", "backward": "rne", "update": "floor"},
+@pytest.mark.parametrize("rounding", [{"forward": "hstoch", "backward": "hstoch", "update": "hstoch"},
+                                      {"forward": "pstoch", "backward": "rne", "update": "floor"},
                                       {"forward": "floor", "backward": "floor", "update": "rne"}])
 def test_mlp_lockstep_other_rounding_modes(digits, rounding):
     _lockstep({**MLP, "rounding": rounding}, digits, 10, 6)
@@ -96,6 +97,11 @@ def test_mlp_lockstep_other_rounding_modes(digits, rounding):
 @pytest.mark.parametrize("desc", [CNN, CNN2], ids=["cnn", "cnn-stride-pad"])
 def test_cnn_lockstep_20_steps(digits, desc):
     _lockstep(desc, digits, 20, 6)
+
+
+def test_cnn_hashed_rounding_lockstep(digits):
+    """hstoch hashes each value's flat position: the torch engine's convolutions must round at micro's."""
+    _lockstep({**CNN2, "rounding": {"forward": "hstoch", "backward": "hstoch", "update": "hstoch"}}, digits, 8, 6)
 
 
 def test_cnn_int8_weights_with_momentum_lockstep(digits):

@@ -121,6 +121,11 @@ def test_mlp_bn_first_layer_residual_lockstep(digits):
     _lockstep({**MLP_BN, "rounding": {"forward": "pstoch", "backward": "rne", "update": "floor"}}, digits, 8, 8)
 
 
+def test_resnet_bn_hashed_rounding_lockstep(digits):
+    """hstoch in batch norm's channel-major arrays and the residual adds: both engines round at one position."""
+    _lockstep({**RESNET, "rounding": {"forward": "hstoch", "backward": "hstoch", "update": "hstoch"}}, digits, 6, 8, 2)
+
+
 @given(st.integers(-127, 127), st.integers(-127, 127), st.integers(-70, 70), st.integers(-70, 70),
        st.sampled_from(["rne", "pstoch", "floor"]))
 @settings(max_examples=150, deadline=None)

@@ -15,6 +15,7 @@ from inttrain.micro import Sequential
 from inttrain.micro.__main__ import main
 from inttrain.micro.codegen import find_cc, generate, run_check
 from inttrain.micro.codegen import check as check_mod
+from inttrain.micro.ops import ROUNDING_MODES
 
 needs_cc = pytest.mark.skipif(find_cc() is None, reason="no C compiler (cc/gcc/clang) on PATH")
 
@@ -74,8 +75,23 @@ def test_codegen_other_roundings_int8_weights_constant_channel():
 
 
 @needs_cc
+@pytest.mark.parametrize("name,desc,low_ram", [
+    ("cnn", CNN, False), ("cnn_low_ram", CNN, True), ("bn_residual", BN_RES, False),
+    ("bn_residual_low_ram", BN_RES, True), ("projection", PROJ, False)])
+def test_codegen_hashed_rounding_bit_exact(name, desc, low_ram):
+    """hstoch everywhere: the C runtime hashes each value with the position the NumPy engine rounds it at (the
+    channel-major batch-norm arrays, the non-power-of-two average pool's error, requantizing without an
+    accumulator, the weight updates), so the two agree bit for bit."""
+    desc = {**desc, "rounding": {"forward": "hstoch", "backward": "hstoch", "update": "hstoch"}}
+    r = _check(desc, steps=6, mom=2 if name == "projection" else None, low_ram=low_ram)
+    assert r.ok, r.message
+    assert r.changed > 0
+
+
+@needs_cc
 @pytest.mark.parametrize("old,new,pattern", [
-    ("int64_t u = it_shift(grad, s, mode), v;", "int64_t u = it_shift(grad, s, mode == IT_PSTOCH ? IT_FLOOR : mode), v;",
+    ("int64_t u = it_shift(grad, s, mode, at), v;",
+     "int64_t u = it_shift(grad, s, mode == IT_PSTOCH ? IT_FLOOR : mode, at), v;",
      r"step 1: layers\.\d\.weight differs first at index \(\d+, \d+\): C -?\d+, micro -?\d+"),
     ("s = requant_shift(m);\n    for (i = 0; i < n; i++) {", "s = requant_shift(m) + 1;\n    for (i = 0; i < n; i++) {",
      r"step 1: logits exponent differs: C -?\d+, micro -?\d+"),
@@ -225,7 +241,7 @@ def test_codegen_imports_no_torch():
 def _random_description(rng) -> dict:
     """A small random network: linear or conv (kernel 1-3, stride 1-2, padding 0-1), optional batch norm and
     residual, max or average pool (window 1-3), optional global pool; random rounding modes and weight bits."""
-    modes = ["rne", "pstoch", "floor"]
+    modes = list(ROUNDING_MODES)
     rounding = {k: str(rng.choice(modes)) for k in ("forward", "backward", "update")}
     out = {"type": "linear", "in_features": 0, "out_features": int(rng.integers(2, 6))}
     if rng.random() < 0.4:

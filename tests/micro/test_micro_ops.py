@@ -39,6 +39,45 @@ def test_pseudo_stochastic_rule_and_bias():
     assert np.array_equal(shift_round(r, 1, "pstoch"), shift_round(r, 1, "rne"))
 
 
+def _lowbias32(h: int) -> int:  # Chris Wellons' hash in plain uint32 arithmetic, as the C runtime computes it
+    h ^= h >> 16
+    h = (h * 0x7FEB352D) & 0xFFFFFFFF
+    h ^= h >> 15
+    h = (h * 0x846CA68B) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def _hstoch_reference(x: int, s: int, at: int) -> int:
+    u = _lowbias32(((x & 0xFFFFFFFF) ^ ((at * 0x9E3779B9) & 0xFFFFFFFF)) ^ ((s * 0x9E3779B9) & 0xFFFFFFFF))
+    r = x & ((1 << s) - 1)
+    return (x >> s) + ((u >> (32 - s)) < r if s <= 32 else u < (r >> (s - 32)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(2**62), 2**62), min_size=1, max_size=20), st.integers(1, 62))
+def test_hashed_rounding_matches_uint32_reference(xs, s):
+    """The int64 emulation (split second multiplier) gives exactly the uint32 hash of the C runtime."""
+    x = np.array(xs, dtype=np.int64)
+    assert shift_round(x, s, "hstoch").tolist() == [_hstoch_reference(v, s, i) for i, v in enumerate(xs)]
+
+
+def test_hashed_rounding_is_unbiased_positional_and_reproducible():
+    # errors below half a step: rne sends them all to 0, hstoch rounds them up at the rate r / 2**s
+    for value, s in ((1, 4), (3, 3), (-5, 6), (100, 10)):
+        x = np.full(1 << 16, value, dtype=np.int64)
+        y = shift_round(x, s, "hstoch")
+        assert set(np.unique(y).tolist()) == {value >> s, (value >> s) + 1}   # equal values, positions differ
+        assert abs(y.mean() - value / 2**s) < 0.01, (value, s, y.mean())
+    assert not shift_round(np.full(1 << 16, 1), 4, "rne").any()                # what rne does to them
+    r = np.random.default_rng(0).integers(-(2**20), 2**20, size=(50, 100))
+    y = shift_round(r, 8, "hstoch")
+    assert np.array_equal(y, shift_round(r, 8, "hstoch"))                   # no generator state
+    assert np.array_equal(y.reshape(-1), shift_round(r.reshape(-1), 8, "hstoch"))   # the flat position counts
+    assert abs((y - r / 256.0).mean()) < 0.01
+    assert np.array_equal(shift_round(r << 8, 8, "hstoch"), r)                # nothing discarded: exact
+    assert np.array_equal(requantize(r.astype(np.float64), 0, "hstoch").q, requantize(r, 0, "hstoch").q)
+
+
 def test_saturation_and_left_shift():
     assert saturate(np.array([-300, -128, 0, 127, 128])).tolist() == [-127, -127, 0, 127, 127]
     assert shift_left_saturate(np.array([3, -3, 2**40]), 4, 100).tolist() == [48, -48, 100]

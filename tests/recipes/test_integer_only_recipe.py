@@ -16,7 +16,7 @@ def test_config_frozen_and_validated():
     c = IntegerOnlyConfig()
     assert (c.lr_mode, c.lr_bits, c.lr_shift, c.weight_bits, c.momentum_shift) == ("norm", 10, 8, 16, None)
     assert c.adapt_exp and c.decay_shift is None
-    assert c.rounding == {"forward": "rne", "backward": "rne", "update": "pstoch"}
+    assert c.rounding == {"forward": "rne", "backward": "hstoch", "update": "pstoch"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.lr_shift = 3
     for bad in ({"weight_bits": 12}, {"lr_shift": 63}, {"momentum_shift": 0}, {"update_rounding": "up"},

@@ -1,6 +1,6 @@
 """Integer helpers on torch integer tensors (docs/integer-training.md §1-§3).
 
-The twin of :mod:`inttrain.micro.ops`: rounding right shift (rne / pstoch / floor), saturating left
+The twin of :mod:`inttrain.micro.ops`: rounding right shift (rne / pstoch / floor / hstoch), saturating left
 shift, symmetric saturation and NITI requantization, all exact integer ops on int64 tensors. Scale
 exponents are plain Python ints. No floating-point tensor is ever created.
 """
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..kernels.matmul import int_mm
-from ..micro.ops import INT8_MAX, INT32_MAX, ROUNDING_MODES, qmax  # the format's constants: one definition
+from ..micro.ops import INT8_MAX, INT32_MAX, ROUNDING_MODES, hashed_round_up, qmax  # the format: one definition
 
 INT32_LIMIT = INT32_MAX
 MAX_K = INT32_LIMIT // (127 * 127)   # 133144 (§8)
@@ -62,6 +62,9 @@ def shift_round(x: torch.Tensor, s: int, mode: str = "rne") -> torch.Tensor:
     if mode == "floor":
         return q
     r = x & ((1 << s) - 1)                        # the s discarded bits
+    if mode == "hstoch":
+        index = torch.arange(x.numel(), dtype=torch.int64, device=x.device).reshape(x.shape)
+        return q + hashed_round_up(x, r, s, index).to(torch.int64)
     if mode == "pstoch" and s >= 2:
         m = s // 2
         u = r >> (s - m)

@@ -21,8 +21,9 @@ MAX_EXP = 64                       # |scale exponent| bound for weights and data
 MAX_DIM = 1 << 16
 MAX_LAYERS = 64
 MAX_DEPTH = 4                      # residual nesting
-# backward rne: NITI's pseudo-stochastic error rounding blows up deeper nets (docs §7, "Choosing the defaults")
-DEFAULT_ROUNDING = {"forward": "rne", "backward": "rne", "update": "pstoch"}
+# backward hstoch: rne sends every error below half a step to 0 and the net stops fitting what it has nearly
+# learned; NITI's pseudo-stochastic rounding blows up deeper nets (docs §7, "Choosing the defaults")
+DEFAULT_ROUNDING = {"forward": "rne", "backward": "hstoch", "update": "pstoch"}
 
 
 def _int(d: dict, key: str, lo: int, hi: int, where: str, default: int | None = None) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ROUNDING_MODES = ("rne", "pstoch", "floor")
+ROUNDING_MODES = ("rne", "pstoch", "floor", "hstoch")
 INT8_MAX = 127          # symmetric int8: -128 is never produced (saturation is to [-127, 127])
 INT32_MAX = 2**31 - 1
 
@@ -43,8 +43,10 @@ def shift_round(x: np.ndarray, s: int, mode: str = "rne") -> np.ndarray:
     ``rne``: round half to even. ``floor``: arithmetic shift (toward -inf). ``pstoch``: NITI-style
     pseudo-stochastic rounding with no RNG: of the ``s`` discarded bits, the top ``m = s // 2`` bits
     are the fraction ``u`` and the bottom ``m`` bits are the "random" number ``v``; round up iff
-    ``u > v`` (for ``s == 1`` there is no randomness and it falls back to ``rne``). Shifts of 63 or
-    more return 0 (every int64 is below 2**63, so |x / 2**s| < 1/2 -> 0 for rne).
+    ``u > v`` (for ``s == 1`` there is no randomness and it falls back to ``rne``). ``hstoch``:
+    unbiased stochastic rounding with no RNG state, the random number hashed from the value, its flat
+    (C-order) position in ``x`` and ``s`` (:func:`hashed_round_up`). Shifts of 63 or more return 0
+    (every int64 is below 2**63, so |x / 2**s| < 1/2 -> 0 for rne).
     """
     if mode not in ROUNDING_MODES:
         raise ValueError(f"unknown rounding mode {mode!r}; expected one of {ROUNDING_MODES}")
@@ -60,6 +62,8 @@ def shift_round(x: np.ndarray, s: int, mode: str = "rne") -> np.ndarray:
     if mode == "floor":
         return q
     r = x & ((1 << s) - 1)                      # discarded bits, 0 <= r < 2**s
+    if mode == "hstoch":
+        return q + hashed_round_up(x, r, s, np.arange(x.size, dtype=np.int64).reshape(x.shape))
     if mode == "pstoch" and s >= 2:
         m = s // 2
         u = r >> (s - m)
@@ -68,6 +72,32 @@ def shift_round(x: np.ndarray, s: int, mode: str = "rne") -> np.ndarray:
     half = 1 << (s - 1)
     up = (r > half) | ((r == half) & ((q & 1) == 1))
     return q + up
+
+
+_LOW32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9    # 2**32 / golden ratio: spreads consecutive positions and shifts over the 32-bit space
+
+
+def hashed_round_up(x, r, s: int, index):
+    """Whether ``hstoch`` rounds ``x / 2**s`` up: ``x`` int64 values, ``r`` their ``s`` discarded bits, ``index``
+    their flat positions (int64 arrays of one shape; NumPy or torch: only operators are used).
+
+    u = lowbias32(low32(x XOR index * G) XOR low32(s * G)), with G the golden-ratio constant and lowbias32
+    Chris Wellons' 32-bit integer hash; x rounds up iff the top ``s`` bits of u are below ``r``
+    (u < r / 2**(s - 32) for s > 32). Over the hash's values that is probability r / 2**s, so the rounding is
+    unbiased -- the property error gradients need, which round-to-nearest lacks (it sends every error below
+    half a step to 0, docs/integer-training.md §7) -- and reproducible: no generator state, the same bits in
+    the C runtime (``it_shift_round``). The position matters: hashing the value alone rounds equal values
+    alike everywhere, which kept most of rne's bias in measurement.  All products stay below 2**63 (the
+    second multiplier is split in 16-bit halves), so int64 arithmetic gives the C uint32 results exactly.
+    """
+    h = ((x ^ (index * _GOLDEN)) & _LOW32) ^ ((s * _GOLDEN) & _LOW32)
+    h = h ^ (h >> 16)
+    h = (h * 0x7FEB352D) & _LOW32
+    h = h ^ (h >> 15)
+    h = (h * 0xA68B + (((h * 0x846C) & 0xFFFF) << 16)) & _LOW32     # h * 0x846CA68B mod 2**32
+    h = h ^ (h >> 16)
+    return (h >> (32 - s)) < r if s <= 32 else h < (r >> (s - 32))
 
 
 def shift_left_saturate(x: np.ndarray, k: int, limit: int = INT32_MAX) -> np.ndarray:
@@ -100,6 +130,8 @@ def shift_round_fast(x: np.ndarray, s: int, mode: str) -> np.ndarray:
     """
     if mode == "floor":
         return x >> s
+    if mode == "hstoch":                         # the hash works on int64 values; |result| <= |x| fits back
+        return shift_round(x, s, mode).astype(x.dtype)
     if mode == "pstoch" and s >= 2:
         m = s // 2
         r = x & ((1 << s) - 1)
@@ -144,7 +176,9 @@ def requantize(acc: np.ndarray, exp: int, mode: str = "rne", bits: int = 8, amax
     qm = qmax(bits)
     if s >= 63:                                  # pragma: no cover - int64 inputs only
         return IntTensor(saturate(shift_round(acc.astype(np.int64), s, mode), bits).astype(dtype), int(exp) + s)
-    if acc.dtype.kind == "f" and mode != "pstoch":
+    if mode == "hstoch":                         # the hash needs the int64 value
+        y = shift_round(acc.astype(np.int64), s, mode)
+    elif acc.dtype.kind == "f" and mode != "pstoch":
         y = acc * acc.dtype.type(2.0 ** -s)
         (np.rint if mode == "rne" else np.floor)(y, out=y)
     else:

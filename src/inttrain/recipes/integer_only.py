@@ -48,7 +48,8 @@ class IntegerOnlyConfig:
 
     Args:
         forward_rounding / backward_rounding / update_rounding: shift rounding (``rne``, ``pstoch``,
-            ``floor``) of activations, errors and weight updates (docs §2).
+            ``floor``, ``hstoch``) of activations, errors and weight updates (docs §2; errors default to
+            ``hstoch``, unbiased hashed rounding, as ``python -m inttrain.micro train``).
         lr_mode: ``"norm"`` (default: each tensor's largest step is ``2**lr_bits`` codes at its starting
             exponent, scale-free) or ``"shift"`` (learning rate ``2**-lr_shift`` on the summed-batch gradient,
             NITI-style); docs §7.
@@ -68,7 +69,7 @@ class IntegerOnlyConfig:
 
     name = "integer-only"
     forward_rounding: str = "rne"
-    backward_rounding: str = "rne"
+    backward_rounding: str = "hstoch"
     update_rounding: str = "pstoch"
     lr_mode: str = "norm"
     lr_bits: int = 10

@@ -25,7 +25,7 @@ import numpy as np
 from ..layers import AvgPool2d, BatchNorm, Conv2d, Flatten, Linear, MaxPool2d, Param, ReLU, Residual, layer_named_params
 from ..model import Sequential
 
-MODES = {"rne": "IT_RNE", "pstoch": "IT_PSTOCH", "floor": "IT_FLOOR"}
+MODES = {"rne": "IT_RNE", "pstoch": "IT_PSTOCH", "floor": "IT_FLOOR", "hstoch": "IT_HSTOCH"}
 RUNTIME_FILES = ("inttrain_rt.h", "inttrain_rt.c")
 MAX_BUFFER = (1 << 31) - 1          # element counts and indices are uint32 in the runtime
 

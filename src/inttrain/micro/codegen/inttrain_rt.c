@@ -11,7 +11,19 @@ static int64_t floor_shift(int64_t x, int32_t s)
     return x >= 0 ? (x >> s) : ~((~x) >> s);
 }
 
-int64_t it_shift_round(int64_t x, int32_t s, int mode)
+/* Chris Wellons' lowbias32 integer hash */
+static uint32_t lowbias32(uint32_t h)
+{
+    h ^= h >> 16;
+    h *= 0x7FEB352Du;
+    h ^= h >> 15;
+    h *= 0x846CA68Bu;
+    return h ^ (h >> 16);
+}
+
+#define IT_GOLDEN 0x9E3779B9u
+
+int64_t it_shift_round(int64_t x, int32_t s, int mode, uint32_t at)
 {
     int64_t q, r, half;
     if (s <= 0)
@@ -22,6 +34,12 @@ int64_t it_shift_round(int64_t x, int32_t s, int mode)
     if (mode == IT_FLOOR)
         return q;
     r = x & (((int64_t)1 << s) - 1);             /* the s discarded bits, 0 <= r < 2**s */
+    if (mode == IT_HSTOCH) {                     /* unbiased: up with probability r / 2**s over the hash */
+        uint32_t u = lowbias32(((uint32_t)(uint64_t)x ^ (at * IT_GOLDEN)) ^ ((uint32_t)s * IT_GOLDEN));
+        if (s <= 32)
+            return q + ((uint64_t)(u >> (32 - s)) < (uint64_t)r);   /* 1 <= s: a shift of at most 31 */
+        return q + ((uint64_t)u < ((uint64_t)r >> (s - 32)));
+    }
     if (mode == IT_PSTOCH && s >= 2) {           /* NITI: round up iff top half of r > bottom half */
         int32_t m = s / 2;
         int64_t u = r >> (s - m), v = r & (((int64_t)1 << m) - 1);
@@ -41,9 +59,9 @@ int64_t it_shift_left_sat(int64_t x, int32_t k, int64_t limit)
     return IT_CLAMP(x, -limit, limit);
 }
 
-int64_t it_shift(int64_t x, int32_t s, int mode)
+int64_t it_shift(int64_t x, int32_t s, int mode, uint32_t at)
 {
-    return s >= 0 ? it_shift_round(x, s, mode) : it_shift_left_sat(x, -s, IT_I32_MAX);
+    return s >= 0 ? it_shift_round(x, s, mode, at) : it_shift_left_sat(x, -s, IT_I32_MAX);
 }
 
 int64_t it_rdiv(int64_t a, int64_t m)
@@ -82,18 +100,18 @@ int32_t it_requant32(const int32_t *acc, uint32_t n, int8_t *out, int32_t exp, i
     }
     s = requant_shift(m);
     for (i = 0; i < n; i++) {
-        int64_t v = it_shift_round(acc[i], s, mode);
+        int64_t v = it_shift_round(acc[i], s, mode, i);
         out[i] = (int8_t)IT_CLAMP(v, -127, 127);
     }
     return exp + s;
 }
 
-void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, int32_t mshift)
+void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, int32_t mshift, uint32_t at)
 {
-    int64_t u = it_shift(grad, s, mode), v;
+    int64_t u = it_shift(grad, s, mode, at), v;
     if (mom) {
         v = *mom;
-        v = v - it_shift_round(v, mshift, IT_RNE) + u;
+        v = v - it_shift_round(v, mshift, IT_RNE, 0) + u;
         v = IT_CLAMP(v, -(int64_t)IT_I32_MAX, (int64_t)IT_I32_MAX);
         *mom = (int32_t)v;
         u = v;
@@ -112,9 +130,9 @@ static int32_t linear_dot(const int8_t *xr, const it_wcode_t *wr, uint32_t in)
 }
 
 /* requantize a GEMM output without storing it: pass 1 finds max |acc|, pass 2 recomputes each dot product */
-static int8_t requant_one(int32_t v, int32_t s, int mode)
+static int8_t requant_one(int32_t v, int32_t s, int mode, uint32_t at)
 {
-    int64_t r = it_shift_round(v, s, mode);
+    int64_t r = it_shift_round(v, s, mode, at);
     return (int8_t)IT_CLAMP(r, -127, 127);
 }
 
@@ -145,7 +163,7 @@ int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t 
     s = requant_shift(m);
     for (b = 0; b < n; b++)
         for (o = 0; o < out; o++)
-            y[b * out + o] = requant_one(linear_dot(x + b * in, w + o * in, in), s, mode);
+            y[b * out + o] = requant_one(linear_dot(x + b * in, w + o * in, in), s, mode, b * out + o);
     return xe + we8 + s;
 }
 
@@ -174,7 +192,7 @@ void it_linear_bwd_update(const int8_t *g, int32_t ge, const int8_t *x, int32_t 
             int32_t sum = 0;
             for (b = 0; b < n; b++)
                 sum += (int32_t)g[b * out + o] * x[b * in + i];
-            it_update(&w[o * in + i], mom ? &mom[o * in + i] : 0, sum, s, mode, mshift);
+            it_update(&w[o * in + i], mom ? &mom[o * in + i] : 0, sum, s, mode, mshift, o * in + i);
         }
 }
 
@@ -262,7 +280,7 @@ int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_w
                         if (pass == 0)
                             m = av > m ? av : m;
                         else
-                            y[at] = requant_one(v, s, mode);
+                            y[at] = requant_one(v, s, mode, at);
                     }
         if (pass == 0)
             s = requant_shift(m);
@@ -302,7 +320,7 @@ void it_conv_bwd_update(const it_conv_t *cv, const int8_t *g, int32_t ge, const 
                             }
                         }
                     }
-                    it_update(&w[idx], mom ? &mom[idx] : 0, sum, s, mode, mshift);
+                    it_update(&w[idx], mom ? &mom[idx] : 0, sum, s, mode, mshift, idx);
                 }
 }
 
@@ -393,7 +411,7 @@ int32_t it_avgpool_bwd(const int8_t *g, int32_t ge, uint32_t planes, uint32_t h,
             for (d = 0; d < ow; d++) {
                 int64_t v = g[(p * oh + a) * ow + d];
                 if (!pow2) {
-                    v = it_shift_round(it_rdiv(v * ((int64_t)1 << t), cnt), s, mode);
+                    v = it_shift_round(it_rdiv(v * ((int64_t)1 << t), cnt), s, mode, (p * oh + a) * ow + d);
                     v = IT_CLAMP(v, -127, 127);
                 }
                 for (i = 0; i < kh; i++)
@@ -409,7 +427,7 @@ int32_t it_add_aligned(const int8_t *a, int32_t ea, const int8_t *b, int32_t eb,
     uint32_t i;
     int32_t e = ea > eb ? ea : eb;
     for (i = 0; i < len; i++)
-        acc[i] = (int32_t)(it_shift_round(a[i], e - ea, mode) + it_shift_round(b[i], e - eb, mode));
+        acc[i] = (int32_t)(it_shift_round(a[i], e - ea, mode, i) + it_shift_round(b[i], e - eb, mode, i));
     return it_requant32(acc, len, y, e, mode);
 }
 
@@ -440,11 +458,11 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode
         range[c] = (uint8_t)(mx > mn ? mx - mn : 0);  /* <= 254: int8 inputs */
         live[c] = mx > mn;
         inv = range_reciprocal(range[c], 23);
-        bal = it_shift(it_w8(beta[c]), eo - eb8, mode);
+        bal = it_shift(it_w8(beta[c]), eo - eb8, mode, c);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 uint32_t at = (b * bn->c + c) * hw + j;
-                int64_t v = it_shift_round((x[at] - mu) * inv, 16, mode), a;  /* 128 (x - mu) / r */
+                int64_t v = it_shift_round((x[at] - mu) * inv, 16, mode, c * m_count + b * hw + j), a;  /* 128 (x - mu) / r */
                 xh[at] = (int8_t)IT_CLAMP(v, -127, 127);
                 a = (int64_t)xh[at] * g8 + bal;
                 if ((uint64_t)(a < 0 ? -a : a) > amax)
@@ -453,12 +471,12 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode
     }
     s = requant_shift(amax);
     for (c = 0; c < bn->c; c++) {               /* pass 2: y = R_f(A) (recomputed: no int64 buffer) */
-        int64_t bal = it_shift(it_w8(beta[c]), eo - eb8, mode);
+        int64_t bal = it_shift(it_w8(beta[c]), eo - eb8, mode, c);
         int32_t g8 = it_w8(gamma[c]);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 uint32_t at = (b * bn->c + c) * hw + j;
-                int64_t v = it_shift_round((int64_t)xh[at] * g8 + bal, s, mode);
+                int64_t v = it_shift_round((int64_t)xh[at] * g8 + bal, s, mode, at);
                 y[at] = (int8_t)IT_CLAMP(v, -127, 127);
             }
     }
@@ -499,11 +517,11 @@ int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, ui
                 for (j = 0; j < hw; j++) {
                     uint32_t at = (b * bn->c + c) * hw + j;
                     int64_t h = (int64_t)g[at] * 16384 - mb * 128 - (int64_t)xh[at] * pg;
-                    acc[at] = (int32_t)it_shift_round(g8 * h * f, 16, bwd_mode);  /* dead channel: f = 0 */
+                    acc[at] = (int32_t)it_shift_round(g8 * h * f, 16, bwd_mode, c * m_count + b * hw + j);  /* f = 0: dead */
                 }
         }
-        it_update(&gamma[c], gmom ? &gmom[c] : 0, dgamma, gexp + lr_shift - (ge - 7), upd_mode, mshift);
-        it_update(&beta[c], bmom ? &bmom[c] : 0, dbeta, bexp + lr_shift - ge, upd_mode, mshift);
+        it_update(&gamma[c], gmom ? &gmom[c] : 0, dgamma, gexp + lr_shift - (ge - 7), upd_mode, mshift, c);
+        it_update(&beta[c], bmom ? &bmom[c] : 0, dbeta, bexp + lr_shift - ge, upd_mode, mshift, c);
     }
     if (!gx)
         return 0;
@@ -548,17 +566,17 @@ void it_softmax_xent_grad(const int8_t *logits, int32_t e, const int32_t *labels
             mx = q[i] > mx ? q[i] : mx;
         for (i = 0; i < classes; i++) {          /* S = sum E_i (E_i recomputed below: no buffer) */
             int64_t zl = (int64_t)(q[i] - mx) * 369, t, ip;
-            t = e <= 0 ? it_shift_round(zl, -e, IT_RNE) : it_shift_left_sat(zl, e, 63 * 256);
+            t = e <= 0 ? it_shift_round(zl, -e, IT_RNE, 0) : it_shift_left_sat(zl, e, 63 * 256);
             t = t < -63 * 256 ? -63 * 256 : t;
             ip = floor_shift(t, 8);
-            sum += it_shift_round(EXP2_LUT[t & 255], (int32_t)(-ip > 20 ? 20 : -ip), IT_RNE);
+            sum += it_shift_round(EXP2_LUT[t & 255], (int32_t)(-ip > 20 ? 20 : -ip), IT_RNE, 0);
         }
         for (i = 0; i < classes; i++) {
             int64_t zl = (int64_t)(q[i] - mx) * 369, t, ip, ev, p;
-            t = e <= 0 ? it_shift_round(zl, -e, IT_RNE) : it_shift_left_sat(zl, e, 63 * 256);
+            t = e <= 0 ? it_shift_round(zl, -e, IT_RNE, 0) : it_shift_left_sat(zl, e, 63 * 256);
             t = t < -63 * 256 ? -63 * 256 : t;
             ip = floor_shift(t, 8);
-            ev = it_shift_round(EXP2_LUT[t & 255], (int32_t)(-ip > 20 ? 20 : -ip), IT_RNE);
+            ev = it_shift_round(EXP2_LUT[t & 255], (int32_t)(-ip > 20 ? 20 : -ip), IT_RNE, 0);
             p = (ev * 256 + sum) / (2 * sum);    /* round(128 E / S), halves up; all positive */
             if ((int32_t)i == labels[b])
                 p -= 128;

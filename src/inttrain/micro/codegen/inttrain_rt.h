@@ -19,15 +19,16 @@ typedef int8_t it_wcode_t;
 #define IT_W8_EXP_OFFSET 0
 #endif
 
-enum { IT_RNE = 0, IT_PSTOCH = 1, IT_FLOOR = 2 };
+enum { IT_RNE = 0, IT_PSTOCH = 1, IT_FLOOR = 2, IT_HSTOCH = 3 };
 #define IT_I32_MAX 2147483647
 
-/* §2: x / 2**s rounded (s >= 0; s >= 63 gives 0). */
-int64_t it_shift_round(int64_t x, int32_t s, int mode);
+/* §2: x / 2**s rounded (s >= 0; s >= 63 gives 0); ``at``: x's flat position in the array the NumPy engine
+ * rounds at once (only IT_HSTOCH reads it: its random bits are hashed from x, at and s). */
+int64_t it_shift_round(int64_t x, int32_t s, int mode, uint32_t at);
 /* x * 2**k saturated to [-limit, limit] (k >= 0). */
 int64_t it_shift_left_sat(int64_t x, int32_t k, int64_t limit);
 /* multiply by 2**-s: rounding right shift for s >= 0, saturating (int32) left shift for s < 0. */
-int64_t it_shift(int64_t x, int32_t s, int mode);
+int64_t it_shift(int64_t x, int32_t s, int mode, uint32_t at);
 /* round(a / m), halves up, with floor division (m >= 1): (a + m / 2) // m. */
 int64_t it_rdiv(int64_t a, int64_t m);
 int32_t it_bitlen(uint64_t v);
@@ -49,7 +50,7 @@ int32_t it_requant32(const int32_t *acc, uint32_t n, int8_t *out, int32_t exp, i
 
 /* §7 integer SGD on one weight code, gradient grad at exponent grad_exp, step shift s = E + lr_shift - grad_exp;
  * mom: the int32 momentum entry or NULL, mshift its shift */
-void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, int32_t mshift);
+void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, int32_t mshift, uint32_t at);
 
 /* Linear (§4): x (n, in), W (out, in) -> y (n, out); returns y's exponent. The forwards take acc == NULL to
  * recompute each dot product in a second pass instead of holding the int32 accumulators (less RAM, 2x MACs). */
