@@ -422,7 +422,7 @@ def run_integer_only_job(args: argparse.Namespace, seed: int, splits: Any, base:
     """Train (or resume) an integer-only job with the device engine's CLI, ``python -m inttrain.micro train``
     (bit-exact with the torch engine :mod:`inttrain.integer_only`; an atomic checkpoint after every epoch, resumed
     bit for bit), with its documented defaults (norm step rule, cosine schedule with a quarter-epoch warm-up,
-    rounding rne/rne/pstoch, no momentum or decay) and this benchmark's epochs, batch size and crop-flip."""
+    rounding rne/hstoch/pstoch, no momentum or decay) and this benchmark's epochs, batch size and crop-flip."""
     from inttrain.micro.__main__ import main as micro_main
 
     name = job_name("integer-only", seed)
