@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inttrain.micro.ops import requantize, saturate, shift_left_saturate, shift_round
+from inttrain.micro.ops import hashed_round, requantize, saturate, shift_left_saturate, shift_round
 
 
 def test_rne_hand_cases():
@@ -76,6 +76,11 @@ def test_hashed_rounding_is_unbiased_positional_and_reproducible():
     assert abs((y - r / 256.0).mean()) < 0.01
     assert np.array_equal(shift_round(r << 8, 8, "hstoch"), r)                # nothing discarded: exact
     assert np.array_equal(requantize(r.astype(np.float64), 0, "hstoch").q, requantize(r, 0, "hstoch").q)
+    # the int32 fast path (requantize's accumulators) rounds exactly as the int64 one, for every shift
+    r32 = r.astype(np.int32)
+    for s in range(1, 32):
+        assert np.array_equal(hashed_round(r32, s), shift_round(r32.astype(np.int64), s, "hstoch")), s
+    assert hashed_round(r32, 5).dtype == np.int32
 
 
 def test_saturation_and_left_shift():
