@@ -58,13 +58,13 @@ def shift_round(x: np.ndarray, s: int, mode: str = "rne") -> np.ndarray:
         return x.copy()
     if s >= 63:
         return np.zeros_like(x)
+    if mode == "hstoch" and s <= 32:
+        return hashed_round(x, s)
     q = x >> s                                  # floor division by 2**s
     if mode == "floor":
         return q
     r = x & ((1 << s) - 1)                      # discarded bits, 0 <= r < 2**s
     if mode == "hstoch":
-        if s <= 32:
-            return hashed_round(x, s)
         return q + hashed_round_up(x, r, s, np.arange(x.size, dtype=np.int64).reshape(x.shape))
     if mode == "pstoch" and s >= 2:
         m = s // 2
@@ -102,25 +102,37 @@ def hashed_round_up(x, r, s: int, index):
     return (h >> (32 - s)) < r if s <= 32 else h < (r >> (s - 32))
 
 
+_HASH_CHUNK = 1 << 16     # values per chunk of hashed_round: its ~15 passes then run in L2, not memory
+
+
 def hashed_round(x: np.ndarray, s: int) -> np.ndarray:
-    """``shift_round(x, s, "hstoch")`` for int32 (1 <= s <= 31) or int64 (1 <= s <= 32) ``x``, in its dtype: the hash of
-    :func:`hashed_round_up` in NumPy's wrapping uint32 arithmetic, in place where it can (measured: 1M int32
-    values in ~4x less time than the int64 emulation; the hash then costs a few passes over 4 bytes a value)."""
-    h = x.astype(np.uint32)                      # the low 32 bits, as C's (uint32_t) cast
-    t = np.arange(x.size, dtype=np.uint32).reshape(x.shape)
-    t *= np.uint32(_GOLDEN)                      # wraps mod 2**32, as in C
-    h ^= t
-    h ^= np.uint32((s * _GOLDEN) & _LOW32)
-    for shift, mult in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, None)):
-        np.right_shift(h, shift, out=t)
-        h ^= t
-        if mult is not None:
-            h *= np.uint32(mult)
-    h >>= 32 - s                                 # the top s bits of the hash
-    np.bitwise_and(x, (1 << s) - 1, out=t, casting="unsafe")   # the discarded bits r (< 2**s <= 2**32)
-    q = x >> s
-    q += h < t                                   # up with probability r / 2**s
-    return q
+    """``shift_round(x, s, "hstoch")`` for int32 (1 <= s <= 31) or int64 (1 <= s <= 32) ``x``, in its dtype: the
+    hash of :func:`hashed_round_up` in NumPy's wrapping uint32 arithmetic, chunk by chunk so that its many
+    elementwise passes stay in cache (measured on 2M int32 values: 20 ms against 35 ms for whole-array passes,
+    and 108 ms for the int64 emulation; the hash was a third of an integer ResNet-20 step)."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    q = flat >> s
+    n = flat.size
+    m = min(n, _HASH_CHUNK)
+    h, t = np.empty(m, np.uint32), np.empty(m, np.uint32)
+    salt = np.uint32((s * _GOLDEN) & _LOW32)
+    for a in range(0, n, m):
+        b = min(n, a + m)
+        hc, tc, xc = h[:b - a], t[:b - a], flat[a:b]
+        np.copyto(hc, xc, casting="unsafe")      # the low 32 bits, as C's (uint32_t) cast
+        np.copyto(tc, np.arange(a, b, dtype=np.uint32))
+        tc *= np.uint32(_GOLDEN)                 # wraps mod 2**32, as in C
+        hc ^= tc
+        hc ^= salt
+        for shift, mult in ((16, 0x7FEB352D), (15, 0x846CA68B), (16, None)):
+            np.right_shift(hc, shift, out=tc)
+            hc ^= tc
+            if mult is not None:
+                hc *= np.uint32(mult)
+        hc >>= 32 - s                            # the top s bits of the hash
+        np.bitwise_and(xc, (1 << s) - 1, out=tc, casting="unsafe")   # the discarded bits r (< 2**s <= 2**32)
+        q[a:b] += hc < tc                        # up with probability r / 2**s
+    return q.reshape(x.shape)
 
 
 def shift_left_saturate(x: np.ndarray, k: int, limit: int = INT32_MAX) -> np.ndarray:
