@@ -70,6 +70,7 @@ def _default(key: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from .augment import AUGMENTS
     from .convert import RULE
+    from .model import DEFAULT_ROUNDING
     from .ops import ROUNDING_MODES
     from .optim import LR_MODES, SCHEDULES
 
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     for o in ROUNDING_OPTS:
         t.add_argument("--" + o.replace("_", "-"), choices=ROUNDING_MODES,
                        help=f"{o.split('_')[0]} shift rounding (default: the model's; descriptions default to "
-                            f"forward rne, backward rne, update pstoch)")
+                            f"forward {DEFAULT_ROUNDING['forward']}, backward {DEFAULT_ROUNDING['backward']}, "
+                            f"update {DEFAULT_ROUNDING['update']})")
     t.add_argument("--seed", type=int, help=f"data shuffling seed (epoch e uses SEED + e) {_default('seed')}")
     t.add_argument("--augment", choices=AUGMENTS, help="crop-flip: each training image randomly cropped from its "
                    f"4-pixel zero-padded copy and mirrored with probability 1/2 (image models) {_default('augment')}")
