@@ -81,6 +81,9 @@ def test_hashed_rounding_is_unbiased_positional_and_reproducible():
     for s in range(1, 32):
         assert np.array_equal(hashed_round(r32, s), shift_round(r32.astype(np.int64), s, "hstoch")), s
     assert hashed_round(r32, 5).dtype == np.int32
+    wide = np.array([2**45 + 12345, -(2**44) - 7, 3], dtype=np.int64)  # a shift past 32 bits: the int64 hash
+    t = requantize(wide, 0, "hstoch")
+    assert t.exp == 39 and np.array_equal(t.q, saturate(shift_round(wide, 39, "hstoch")))
 
 
 def test_saturation_and_left_shift():

@@ -211,8 +211,9 @@ def requantize(acc: np.ndarray, exp: int, mode: str = "rne", bits: int = 8, amax
     qm = qmax(bits)
     if s >= 63:                                  # pragma: no cover - int64 inputs only
         return IntTensor(saturate(shift_round(acc.astype(np.int64), s, mode), bits).astype(dtype), int(exp) + s)
-    if mode == "hstoch":                         # the hash needs the integer value
-        y = hashed_round(acc if acc.dtype.kind == "i" and acc.dtype.itemsize >= 4 else acc.astype(np.int64), s)
+    if mode == "hstoch":                         # the hash needs the integer value (int32, or int64 for s > 24)
+        y = shift_round_fast(acc if acc.dtype.kind == "i" and acc.dtype.itemsize >= 4 else acc.astype(np.int64), s,
+                             mode)
     elif acc.dtype.kind == "f" and mode != "pstoch":
         y = acc * acc.dtype.type(2.0 ** -s)
         (np.rint if mode == "rne" else np.floor)(y, out=y)
