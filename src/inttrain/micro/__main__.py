@@ -67,11 +67,20 @@ def _default(key: str) -> str:
     return f"(default: {TRAIN_DEFAULTS[key]})"
 
 
+def _rounding_args(t: argparse.ArgumentParser) -> None:
+    """train's --forward/--backward/--update-rounding, with the description defaults they override."""
+    from .model import DEFAULT_ROUNDING
+    from .ops import ROUNDING_MODES
+
+    defaults = ", ".join(f"{k} {v}" for k, v in DEFAULT_ROUNDING.items())
+    for o in ROUNDING_OPTS:
+        t.add_argument("--" + o.replace("_", "-"), choices=ROUNDING_MODES,
+                       help=f"{o.split('_')[0]} shift rounding (default: the model's; descriptions default to {defaults})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .augment import AUGMENTS
     from .convert import RULE
-    from .model import DEFAULT_ROUNDING
-    from .ops import ROUNDING_MODES
     from .optim import LR_MODES, SCHEDULES
 
     p = _Parser(prog="python -m inttrain.micro", description="Integer-only training (NumPy only).",
@@ -105,11 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-adapt-exp", dest="adapt_exp", action="store_const", const=False, default=None,
                    help="keep weight exponents fixed (default: a tensor reaching half its code range is halved and "
                         "its exponent raised, so no master weight sits at the integer limit)")
-    for o in ROUNDING_OPTS:
-        t.add_argument("--" + o.replace("_", "-"), choices=ROUNDING_MODES,
-                       help=f"{o.split('_')[0]} shift rounding (default: the model's; descriptions default to "
-                            f"forward {DEFAULT_ROUNDING['forward']}, backward {DEFAULT_ROUNDING['backward']}, "
-                            f"update {DEFAULT_ROUNDING['update']})")
+    _rounding_args(t)
     t.add_argument("--seed", type=int, help=f"data shuffling seed (epoch e uses SEED + e) {_default('seed')}")
     t.add_argument("--augment", choices=AUGMENTS, help="crop-flip: each training image randomly cropped from its "
                    f"4-pixel zero-padded copy and mirrored with probability 1/2 (image models) {_default('augment')}")
