@@ -75,10 +75,10 @@ def test_conv_weight_grad_takes_the_native_path_and_matches_the_library_gemms(mo
     calls: list[int] = []
     real = native.conv2d_weight_grad_int
     monkeypatch.setattr(native, "conv2d_weight_grad_int", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    fast = K._weight_grad_int(gq, K.to_shifted_u8(xq), (32, 16, 3, 3), geom)
+    fast = K.weight_grad_int(gq, K.to_shifted_u8(xq), (32, 16, 3, 3), geom)
     assert calls == [1]
     monkeypatch.setattr(native, "available", lambda: False)
-    slow = K._weight_grad_int(gq, K.to_shifted_u8(xq), (32, 16, 3, 3), geom)
+    slow = K.weight_grad_int(gq, K.to_shifted_u8(xq), (32, 16, 3, 3), geom)
     assert calls == [1] and torch.equal(fast, slow)
 
 

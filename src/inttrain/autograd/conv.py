@@ -11,8 +11,9 @@ entering a convolution's reduction are quantized per tensor.  Tensors are kept c
 the layout of oneDNN's int8 convolution; the activation is quantized for the weight-gradient
 convolution already in forward, so backward keeps its int8 codes instead of the float input.
 
-A GEMM with codes wider than 8 bits (9..16, int16 storage) runs on :mod:`inttrain.kernels.conv_generic`,
-whose integer GEMM splits int16 codes into exact int8 halves as Linear layers do: exact, slower.
+A GEMM with codes wider than 8 bits (9..16, int16 storage) runs on :mod:`inttrain.kernels.conv_wide`: the
+int16 codes split into exact int8 halves, each pair of halves one int8 convolution on the same kernels (exact,
+two to four times the int8 work).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from ..kernels import conv_generic
+from ..kernels import conv_wide
 from ..kernels import ops as conv_kernels  # eager kernels, or graph nodes when compiling
 from ..kernels.conv import ConvGeometry
 from ..kernels.fused import channel_amax, matrix_scale, quantize_matrix
@@ -47,7 +48,7 @@ def check_conv_precision(prec: LayerPrecision) -> None:
 
 
 def _wide(g) -> bool:
-    """An integer GEMM with codes past 8 bits: the int16-split path (:mod:`inttrain.kernels.conv_generic`)."""
+    """An integer GEMM with codes past 8 bits: the int16-split path (:mod:`inttrain.kernels.conv_wide`)."""
     return g.integer and max(g.lhs.bits, g.rhs.bits) > 8
 
 
@@ -111,8 +112,8 @@ def _weight_grad(dyf: torch.Tensor, qx: torch.Tensor, sx: torch.Tensor, weight: 
     qg, sg = _quantize_activation(dyf, gw.lhs, seed, per_channel=per_channel, column_amax=dy_amax)
     if not is_finite(sg):
         return None
-    # int16 output gradients (lhs) the oneDNN path splits itself; wide activations need the generic one
-    wgrad = conv_generic.conv2d_weight_grad if gw.rhs.bits > 8 else conv_kernels.conv2d_weight_grad
+    # int16 output gradients (lhs) the int8 path splits itself; wide activations need the wide one
+    wgrad = conv_wide.conv2d_weight_grad if gw.rhs.bits > 8 else conv_kernels.conv2d_weight_grad
     return wgrad(qg, sg, qx, sx, tuple(weight.shape), geom)
 
 
@@ -146,7 +147,7 @@ class _IntConv2dFn(torch.autograd.Function):
             qw, sw = _quantize_weight(weight, fwd.rhs, derive_seed(seeds[0], SeedPurpose.RHS_OPERAND), False, geom.groups)
             check_finite(sw, "conv2d weight")
             if _wide(fwd):
-                y = conv_generic.conv2d_forward(qx, sx, qw, sw, geom)
+                y = conv_wide.conv2d_forward(qx, sx, qw, sw, geom)
             else:  # under bf16 autocast the kernel rounds its output to bfloat16 itself (no float32 copy)
                 direct = bias is None and not emit_int8 and output_dtype(x) == torch.bfloat16
                 y = conv_kernels.conv2d_forward_u8(qx, sx, qw, sw, geom, torch.bfloat16 if direct else torch.float32)
@@ -198,7 +199,7 @@ class _IntConv2dFn(torch.autograd.Function):
                 if not is_finite(sg):  # amax propagates inf/NaN: this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
                 qw, sw = _quantize_weight(weight, gi.rhs, derive_seed(seeds[1], SeedPurpose.RHS_OPERAND), True, geom.groups)
-                conv_t = conv_generic.conv2d_input_grad if _wide(gi) else conv_kernels.conv2d_input_grad_u8
+                conv_t = conv_wide.conv2d_input_grad if _wide(gi) else conv_kernels.conv2d_input_grad_u8
                 dx = conv_t(qg, sg, qw, sw, tuple(ctx.x_shape), geom)
             else:
                 dx = torch.nn.grad.conv2d_input(ctx.x_shape, weight.float(), dyf.float(), geom.stride, geom.padding,

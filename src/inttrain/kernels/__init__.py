@@ -4,7 +4,8 @@
   CUDA), or on AMX tiles (:mod:`.native`, ``gemm_amx.c``) where the CPU has AMX-INT8.
 - :mod:`.conv`: int8 convolution forward / input-gradient / weight-gradient (native VNNI or AMX kernels on CPU,
   oneDNN int8 conv + GEMMs where they cannot run),
-  :mod:`.conv_generic` (im2col + GEMM, any device) and :mod:`.conv_reference` (the exact oracle).
+  :mod:`.conv_wide` (9..16-bit codes as int8 halves on those kernels), :mod:`.conv_generic` (im2col + GEMM, any
+  device) and :mod:`.conv_reference` (the exact oracle).
 - :mod:`.fused`: the quantize and dequantize passes around them, fused with ``torch.compile``.
 """
 

@@ -63,6 +63,7 @@ __all__ = [
     "phases_to_input_grad",
     "conv2d_weight_grad",
     "conv2d_weight_grad_float",
+    "weight_grad_int",
     "to_shifted_u8",
 ]
 
@@ -548,10 +549,10 @@ def conv2d_weight_grad(
         from .matmul import split_int16
 
         hi, lo = split_int16(gq)
-        dw_int = (256 * _weight_grad_int(hi, xq, weight_shape, geom) + _weight_grad_int(lo, xq, weight_shape, geom)
-                  + 128 * _weight_grad_int(torch.ones_like(hi), xq, weight_shape, geom))
+        dw_int = (256 * weight_grad_int(hi, xq, weight_shape, geom) + weight_grad_int(lo, xq, weight_shape, geom)
+                  + 128 * weight_grad_int(torch.ones_like(hi), xq, weight_shape, geom))
     else:
-        dw_int = _weight_grad_int(gq, xq, weight_shape, geom)
+        dw_int = weight_grad_int(gq, xq, weight_shape, geom)
     return _scaled_weight_grad(dw_int, g_scale, x_scale)
 
 
@@ -589,7 +590,7 @@ def conv2d_weight_grad_float(
     return conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
 
 
-def _weight_grad_int(gq: Tensor, xq: Tensor, weight_shape: tuple, geom: ConvGeometry) -> Tensor:
+def weight_grad_int(gq: Tensor, xq: Tensor, weight_shape: tuple, geom: ConvGeometry) -> Tensor:
     """The exact int64 sums ``sum_{n,h,w} gq * xq`` of the CPU weight-gradient convolution, ``[Co, Cig, kh, kw]``."""
     if geom.groups == 1 and native.available():  # register-tiled VNNI kernel, no im2col (3-4x faster)
         return native.conv2d_weight_grad_int(gq, xq, weight_shape, geom.stride, geom.padding, geom.dilation)

@@ -1,0 +1,94 @@
+"""Wide-code convolutions on the int8 kernels (``kernels.conv_wide``): int16 codes split into rounded int8
+halves give the int64 reference's result bit for bit in all three convolutions, across geometries, widths,
+reductions long enough to be chunked, and the 16-bit codes that fall back to the generic path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inttrain.kernels import conv_reference, conv_wide, int_kernel_calls, reset_kernel_calls
+from inttrain.kernels.conv_geometry import ConvGeometry
+
+GEOMS = [ConvGeometry((1, 1), (1, 1), (1, 1), 1), ConvGeometry((2, 2), (1, 0), (1, 2), 1),
+         ConvGeometry((1, 2), (0, 1), (1, 1), 2)]
+
+
+def _codes(bits: int, shape: tuple[int, ...], g: torch.Generator, top: int | None = None) -> torch.Tensor:
+    hi = top if top is not None else 2 ** (bits - 1) - 1
+    q = torch.randint(-hi, hi + 1, shape, generator=g)
+    q.view(-1)[0] = -hi  # the extremes, so the widest products are in every test
+    q.view(-1)[-1] = hi
+    return q.to(torch.int16 if bits > 8 else torch.int8)
+
+
+def _out_hw(geom: ConvGeometry, hw: tuple[int, int], k: int) -> tuple[int, int]:
+    return tuple((hw[i] + 2 * geom.padding[i] - geom.dilation[i] * (k - 1) - 1) // geom.stride[i] + 1 for i in (0, 1))
+
+
+def test_split_rounded_is_exact_over_its_whole_range() -> None:
+    q = torch.arange(-32768, 32640, dtype=torch.int32).to(torch.int16)
+    hi, lo = conv_wide.split_rounded(q)
+    assert hi.dtype == lo.dtype == torch.int8
+    assert torch.equal(256 * hi.to(torch.int32) + lo.to(torch.int32), q.to(torch.int32))
+    zero_hi, zero_lo = conv_wide.split_rounded(torch.zeros(1, dtype=torch.int16))
+    assert int(zero_hi) == int(zero_lo) == 0  # zero padding stays zero in both halves
+
+
+@pytest.mark.parametrize("geom", GEOMS)
+@pytest.mark.parametrize("bits_a,bits_b", [(9, 9), (12, 8), (8, 15), (16, 16)])
+def test_forward_and_input_grad_equal_the_int64_reference(geom: ConvGeometry, bits_a: int, bits_b: int) -> None:
+    g = torch.Generator().manual_seed(bits_a * 100 + bits_b)
+    x = _codes(bits_a, (3, 8, 9, 7), g, top=32639 if bits_a == 16 else None)  # 16-bit: the splittable range
+    w = _codes(bits_b, (6, 8 // geom.groups, 3, 3), g, top=32639 if bits_b == 16 else None)
+    sx, sw = torch.tensor([0.01]), torch.rand(6, generator=g) + 0.1
+    reset_kernel_calls()
+    y = conv_wide.conv2d_forward(x, sx, w, sw, geom)
+    assert torch.equal(y.contiguous(), conv_reference.conv2d_forward(x, sx, w, sw, geom))
+    assert int_kernel_calls()["conv_fwd"] == (2 if bits_a > 8 else 1) * (2 if bits_b > 8 else 1)
+    dy = _codes(bits_a, tuple(y.shape), g, top=32639 if bits_a == 16 else None)
+    sw_in = torch.rand(8, generator=g) + 0.1
+    dx = conv_wide.conv2d_input_grad(dy, sx, w, sw_in, tuple(x.shape), geom)
+    assert torch.equal(dx.contiguous(), conv_reference.conv2d_input_grad(dy, sx, w, sw_in, tuple(x.shape), geom))
+
+
+@pytest.mark.parametrize("geom", GEOMS)
+@pytest.mark.parametrize("bits_g,bits_x", [(9, 9), (12, 8), (8, 12), (16, 15)])
+def test_weight_gradient_equals_the_int64_reference(geom: ConvGeometry, bits_g: int, bits_x: int) -> None:
+    g = torch.Generator().manual_seed(bits_g * 100 + bits_x)
+    x = _codes(bits_x, (3, 8, 9, 7), g)
+    w_shape = (6, 8 // geom.groups, 3, 3)
+    dy = _codes(bits_g, (3, 6, *_out_hw(geom, (9, 7), 3)), g, top=32639 if bits_g == 16 else None)
+    sg, sx = torch.rand(6, generator=g) + 0.1, torch.tensor([0.02])
+    ours = conv_wide.conv2d_weight_grad(dy, sg, x, sx, w_shape, geom)
+    assert torch.equal(ours.contiguous(), conv_reference.conv2d_weight_grad(dy, sg, x, sx, w_shape, geom))
+
+
+def test_long_reductions_are_chunked_and_stay_exact() -> None:
+    """160 channels x 9 taps = 1440 products of up to 2^14 each: past float32's exact integers in one call, so
+    the reduction runs in chunks (two forward and two input-gradient calls per pair of halves)."""
+    g = torch.Generator().manual_seed(7)
+    geom = ConvGeometry((1, 1), (1, 1), (1, 1), 1)
+    x, w = _codes(9, (2, 160, 5, 5), g), _codes(9, (160, 160, 3, 3), g)
+    x.fill_(-255)
+    w.fill_(-255)  # every product at its largest: a float32 sum of one call would round
+    sx, sw = torch.tensor([1.0]), torch.ones(160)
+    reset_kernel_calls()
+    y = conv_wide.conv2d_forward(x, sx, w, sw, geom)
+    assert int_kernel_calls()["conv_fwd"] == 2 * 4
+    assert torch.equal(y.contiguous(), conv_reference.conv2d_forward(x, sx, w, sw, geom))
+    dx = conv_wide.conv2d_input_grad(x, sx, w, sw, tuple(x.shape), geom)
+    assert torch.equal(dx.contiguous(), conv_reference.conv2d_input_grad(x, sx, w, sw, tuple(x.shape), geom))
+
+
+def test_codes_past_the_split_range_fall_back_exactly() -> None:
+    """16-bit codes above 32639 have no int8 rounded high half: the generic path serves them, still exact."""
+    g = torch.Generator().manual_seed(3)
+    geom = GEOMS[0]
+    x, w = _codes(16, (2, 4, 6, 6), g), _codes(8, (4, 4, 3, 3), g)
+    assert int(x.max()) == 32767
+    sx, sw = torch.tensor([0.5]), torch.ones(4)
+    reset_kernel_calls()
+    y = conv_wide.conv2d_forward(x, sx, w, sw, geom)
+    assert torch.equal(y.contiguous(), conv_reference.conv2d_forward(x, sx, w, sw, geom))
+    assert "conv_fwd" not in int_kernel_calls()  # the generic path's GEMMs count as int8_mm
