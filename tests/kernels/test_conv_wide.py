@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inttrain.kernels import conv_reference, conv_wide, int_kernel_calls, reset_kernel_calls
+from inttrain.kernels import conv_reference, conv_wide, int_kernel_calls, native, reset_kernel_calls
 from inttrain.kernels.conv_geometry import ConvGeometry
 
 GEOMS = [ConvGeometry((1, 1), (1, 1), (1, 1), 1), ConvGeometry((2, 2), (1, 0), (1, 2), 1),
@@ -92,3 +92,30 @@ def test_codes_past_the_split_range_fall_back_exactly() -> None:
     y = conv_wide.conv2d_forward(x, sx, w, sw, geom)
     assert torch.equal(y.contiguous(), conv_reference.conv2d_forward(x, sx, w, sw, geom))
     assert "conv_fwd" not in int_kernel_calls()  # the generic path's GEMMs count as int8_mm
+
+
+def test_without_the_native_library_the_torch_path_gives_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No C compiler or no VNNI: oneDNN's int8 convolutions and float64 torch ops, still the reference's bits."""
+    monkeypatch.setattr(native, "available", lambda: False)
+    g = torch.Generator().manual_seed(11)
+    geom = GEOMS[1]
+    x, w = _codes(9, (2, 8, 9, 7), g), _codes(9, (6, 8, 3, 3), g)
+    sx, sw = torch.tensor([0.03]), torch.rand(6, generator=g) + 0.1
+    y = conv_wide.conv2d_forward(x, sx, w, sw, geom)
+    assert torch.equal(y.contiguous(), conv_reference.conv2d_forward(x, sx, w, sw, geom))
+    dy = _codes(9, tuple(y.shape), g)
+    sw_in = torch.rand(8, generator=g) + 0.1
+    dx = conv_wide.conv2d_input_grad(dy, sx, w, sw_in, tuple(x.shape), geom)
+    assert torch.equal(dx.contiguous(), conv_reference.conv2d_input_grad(dy, sx, w, sw_in, tuple(x.shape), geom))
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the native library")
+def test_native_combine_rejects_parts_it_cannot_read_as_pixel_rows() -> None:
+    nchw = torch.zeros(2, 4, 3, 3)  # plain NCHW: a pixel's channels are not one row
+    with pytest.raises(ValueError, match="channels-last"):
+        native.wide_combine([(1, nchw)], 4, torch.ones(4), 1.0)
+    stacked = torch.arange(2 * 8 * 3 * 3, dtype=torch.float32).reshape(2, 8, 3, 3).contiguous(
+        memory_format=torch.channels_last)
+    got = native.wide_combine([(256, stacked[:, :4]), (1, stacked[:, 4:])], 4, torch.full((4,), 0.5), 2.0)
+    want = ((stacked[:, :4].double() * 256 + stacked[:, 4:].double()) * 1.0).float()
+    assert torch.equal(got, want) and got.is_contiguous(memory_format=torch.channels_last)

@@ -15,9 +15,11 @@ forward + backward on one core).
 The forward and input-gradient kernels return float32 ``sum * scale``: with unit scales that is the integer
 sum, exact while it stays within 2^24.  Each product of two halves is at most 128 x 128 = 2^14, so the
 reduction is cut into chunks of at most 1024 terms (input channels x kernel taps; output channels for the
-input gradient) and the chunks are added in float64, exactly.  The weight-gradient kernel hands back exact
-int64 sums.  The final scaling is :mod:`.conv_generic`'s (float64 sum times float64 scales, rounded once to
-float32), so the results equal it -- and :mod:`.conv_reference` -- bit for bit.
+input gradient), and one native pass (``native.wide_combine``) reads every part, adds them in float64 (exact)
+and writes the scaled float32 result; float64 torch ops do the same where the native library does not load.
+The weight-gradient kernel hands back exact int64 sums.  The final scaling is :mod:`.conv_generic`'s (float64
+sum times float64 scales, rounded once to float32), so the results equal it -- and :mod:`.conv_reference` --
+bit for bit.
 
 Falls back to :mod:`.conv_generic` (any device, any code) off the CPU, inside ``torch.compile`` (the kernels
 run through ``ctypes``, which a graph cannot trace), for grouped convolutions whose reduction needs chunking,
@@ -29,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import conv, conv_generic
+from . import conv, conv_generic, native
 from .conv_geometry import ConvGeometry
 from .counters import count
 
@@ -92,6 +94,16 @@ def _weighted_sum(terms) -> Tensor:
     return acc
 
 
+def _combined(terms: list[tuple[int, Tensor]], channels: int, scale_a: Tensor, scale_b: Tensor) -> Tensor:
+    """``(sum of weight * part) * scale_a * scale_b[c]`` as float32 channels-last ``[N, channels, H, W]``: one
+    native pass where the library loads, else float64 torch ops (the same result bit for bit)."""
+    if native.available():
+        parts = [(weight, part.contiguous(memory_format=torch.channels_last)) for weight, part in terms]
+        return native.wide_combine(parts, channels, conv._scale_vector(scale_b, channels),
+                                   float(scale_a.reshape(-1)[0]))
+    return _scaled(_weighted_sum(terms), scale_a, scale_b, channels, 1).contiguous(memory_format=torch.channels_last)
+
+
 def _scaled(acc: Tensor, scale_a: Tensor, scale_b: Tensor, n: int, dim: int) -> Tensor:
     """``acc * scale_a * scale_b[c]`` along ``dim`` in float64, one rounding to float32 (conv_generic's)."""
     scale = conv._scale_vector(scale_b, n).to(torch.float64) * float(scale_a.reshape(-1)[0])
@@ -109,7 +121,7 @@ def conv2d_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geo
     one, ones = torch.ones(1), torch.ones(co)
     terms = [(wx * ww, conv.conv2d_forward(x[:, c], one, w[:, c], ones, geom))
              for c in chunks for wx, x in _parts(xq) for ww, w in _parts(wq)]
-    return _scaled(_weighted_sum(terms), x_scale, w_scale, co, 1).contiguous(memory_format=torch.channels_last)
+    return _combined(terms, co, x_scale, w_scale)
 
 
 def conv2d_input_grad(gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple,
@@ -123,7 +135,7 @@ def conv2d_input_grad(gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, 
     one, ones = torch.ones(1), torch.ones(cin)
     terms = [(wg * ww, conv.conv2d_input_grad(g[:, c], one, w[c], ones, input_shape, geom))
              for c in chunks for wg, g in _parts(gq) for ww, w in _parts(wq)]
-    return _scaled(_weighted_sum(terms), g_scale, w_scale, cin, 1).contiguous(memory_format=torch.channels_last)
+    return _combined(terms, cin, g_scale, w_scale)
 
 
 def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: tuple,

@@ -28,7 +28,7 @@ from ..workspace import scratch
 __all__ = ["NativeLibrary", "LIBRARY", "QUANTIZE_LIBRARY", "available", "quantize_available",
            "conv2d_weight_grad_int", "conv2d_weight_grad_float", "quantize_rows_cols",
            "conv_forward_supported", "conv2d_forward_u8s8", "GEMM_LIBRARY", "amx_available", "int8_mm_amx",
-           "CONV_AMX_LIBRARY", "conv_amx_available", "conv_kernel", "int8_mm_amx_scaled"]
+           "CONV_AMX_LIBRARY", "conv_amx_available", "conv_kernel", "int8_mm_amx_scaled", "wide_combine"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
@@ -143,6 +143,10 @@ def _setup_conv(lib: ctypes.CDLL) -> None:
     lib.inttrain_conv_lane_width.argtypes = [ctypes.c_int64] * 5
     lib.inttrain_conv_fwd_u8s8.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p,
                                            ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64])
+    lib.inttrain_wide_combine.restype = ctypes.c_int
+    lib.inttrain_wide_combine.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+                                          + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p,
+                                             ctypes.c_int64])
 
 
 def _setup_quantize(lib: ctypes.CDLL) -> None:
@@ -502,3 +506,40 @@ def conv2d_forward_u8s8(
     if status != 0:
         raise RuntimeError(f"native convolution failed (status {status})")
     return out if direct else out.to(out_dtype)
+
+
+def wide_combine(parts: list[tuple[float, Tensor]], channels: int, scale: Tensor, base: float,
+                 threads: int | None = None) -> Tensor:
+    """``(sum_p weight_p * part_p) * scale[c] * base`` in float64, rounded once to float32, in one pass.
+
+    ``parts``: (weight, float32 integer sums) pairs, each ``[N, channels, H, W]`` laid out channels-last, or a
+    channel slice of such a tensor (a convolution of stacked weights hands on several parts in one tensor);
+    ``scale``: ``channels`` values or one.  Returns float32 ``[N, channels, H, W]``, channels-last.  Exact
+    while the weighted sums stay below 2^53.  Call only when :func:`available`.
+    """
+    lib = LIBRARY.load()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {LIBRARY.reason}")
+    first = parts[0][1]
+    n, _, h, w = (int(v) for v in first.shape)
+    views = [part for _, part in parts]
+    for v in views:  # pixel rows of `channels` floats at a fixed stride: channels-last tensors or channel slices
+        ld = v.stride(3)
+        if v.dtype != torch.float32 or v.device.type != "cpu" or tuple(v.shape) != (n, channels, h, w) or \
+                v.stride(1) != 1 or ld < channels or v.stride(2) != w * ld or v.stride(0) != h * w * ld:
+            raise ValueError("wide_combine takes float32 CPU parts [N, C, H, W] laid out channels-last")
+    out = torch.empty((n, channels, h, w), dtype=torch.float32, memory_format=torch.channels_last)
+    if out.numel() == 0:
+        return out
+    sc = scale.reshape(-1).to(torch.float32).contiguous()
+    if sc.numel() not in (1, channels):
+        raise ValueError(f"scale has {sc.numel()} values, expected 1 or {channels}")
+    pointers = (ctypes.c_void_p * len(views))(*[v.data_ptr() for v in views])
+    lds = _int64_array([int(v.stride(3)) for v in views])  # channels-last: a pixel's channels are one row
+    weights = (ctypes.c_double * len(parts))(*[float(wt) for wt, _ in parts])
+    status = lib.inttrain_wide_combine(pointers, lds, weights, len(views), n * h * w, channels, sc.data_ptr(),
+                                       int(sc.numel() > 1), float(base), out.data_ptr(),
+                                       threads or torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"native combine failed (status {status})")
+    return out

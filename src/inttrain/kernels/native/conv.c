@@ -942,3 +942,33 @@ int inttrain_conv_fwd_u8s8(const uint8_t *x, const int8_t *w, float x_scale, con
     free(wp), free(corr), free(scale);
     return 0;
 }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Recombining wide-code convolutions (kernels/conv_wide.py): a 9..16-bit convolution is the sum of int8
+ * convolutions of the codes' int8 halves, weighted by powers of 256.  Each part is the float32 integer sum of one
+ * such convolution (exact below 2^24), rows of `cols` channels at a row stride of lds[p] floats.  One pass
+ * makes out[r, c] = (float)((sum_p weights[p] * part_p[r, c]) * ((double)scale[c] * base)): the sum is exact in
+ * double (below 2^53), and the one rounding to float32 is the int64 reference's (kernels/conv_reference.py).
+ * torch's in-place float64 ops took two passes per part plus the scaling and the final cast. */
+#define COMBINE_BLOCK 512
+int inttrain_wide_combine(const float *const *parts, const int64_t *lds, const double *weights, int64_t nparts,
+                          int64_t rows, int64_t cols, const float *scale, int64_t per_channel, double base,
+                          float *out, int64_t threads) {
+#pragma omp parallel for num_threads((int)threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        double acc[COMBINE_BLOCK];
+        for (int64_t c0 = 0; c0 < cols; c0 += COMBINE_BLOCK) {
+            int64_t n = cols - c0 < COMBINE_BLOCK ? cols - c0 : COMBINE_BLOCK;
+            for (int64_t c = 0; c < n; c++) acc[c] = 0.0;
+            for (int64_t p = 0; p < nparts; p++) {
+                const float *src = parts[p] + r * lds[p] + c0;
+                double w = weights[p];
+                for (int64_t c = 0; c < n; c++) acc[c] += w * (double)src[c];
+            }
+            float *dst = out + r * cols + c0;
+            for (int64_t c = 0; c < n; c++)
+                dst[c] = (float)(acc[c] * ((double)scale[per_channel ? c0 + c : 0] * base));
+        }
+    }
+    return 0;
+}
