@@ -42,9 +42,9 @@ def test_hand_count_scheduled_bits_and_first_layer() -> None:
     # Input without grad: the first layer's grad_input GEMM is not run, so not counted.
     c = measure_step(m, torch.randn(2, 3, 6, 6))
     assert ("0", "grad_input") not in c.records
-    expected = (CONV_MACS + LIN_MACS) * 4 * 4 + (CONV_MACS + 2 * LIN_MACS) * 6 * 8  # dy (6 bits) x W or x (8 bits)
+    expected = (CONV_MACS + LIN_MACS) * 4 * 4 + (CONV_MACS + 2 * LIN_MACS) * 6 * 4  # dy (6 bits) x W or x (4 bits)
     assert c.bitops == expected
-    assert c.records[("3", "grad_weight")].last_bits == (6, 8)
+    assert c.records[("3", "grad_weight")].last_bits == (6, 4)
     # Accumulates over calls; totals survive a state_dict round trip.
     with c:
         m(torch.randn(2, 3, 6, 6)).sum().backward()

@@ -72,7 +72,7 @@ def test_with_bits_touches_the_right_operands() -> None:
     p = with_bits(LayerPrecision(), 4, 6)
     assert (p.forward.lhs.bits, p.forward.rhs.bits) == (4, 4)
     assert (p.grad_input.lhs.bits, p.grad_weight.lhs.bits) == (6, 6)
-    assert (p.grad_input.rhs.bits, p.grad_weight.rhs.bits) == (8, 8)
+    assert (p.grad_input.rhs.bits, p.grad_weight.rhs.bits) == (4, 4)  # the forward's W and x, read again
     assert p.forward.lhs.granularity == LayerPrecision().forward.lhs.granularity
 
 

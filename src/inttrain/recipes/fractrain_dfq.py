@@ -19,7 +19,8 @@ What runs here (our design; the paper gives the idea, not these formulas):
   counter-based seed, a pure function of (seed, step, layer)); evaluation takes each sample's
   ``argmax(logits)``.  The layer gets ``sample_groups``: the batch rows grouped by chosen width, each with
   its :class:`~inttrain.spec.LayerPrecision` (forward-GEMM operands at that width via
-  :func:`inttrain.schedules.with_bits`, gradient operands at ``grad_bits``), and runs one integer GEMM /
+  :func:`inttrain.schedules.with_bits`, gradient operands at ``grad_bits``, the backward GEMMs' weight and
+  activation operands left at the layer's own bits, so the groups share one backward), and runs one integer GEMM /
   convolution per width present, forward and both backward GEMMs at that group's precision
   (:mod:`inttrain.nn.per_sample`; one width present: the plain single call).  Each sample's output row
   is passed on unchanged in value (factor ``1 + soft_n - stopgrad(soft_n)`` = 1.0), which sends the
@@ -256,7 +257,7 @@ class DFQController:
         key = (name, fwd, grad)
         p = self._cache.get(key)
         if p is None:
-            p = with_bits(self._base[name], fwd, grad)
+            p = with_bits(self._base[name], fwd, grad, backward_operands=False)  # one backward per batch
             validate = getattr(type(m), "_validate", None)
             if validate is not None:
                 validate(m, p)

@@ -27,15 +27,26 @@ def _spec(spec: QuantSpec, bits: int) -> QuantSpec:
     return spec if spec.bits == bits else dataclasses.replace(spec, fmt=dataclasses.replace(spec.fmt, bits=bits))
 
 
-def with_bits(p: LayerPrecision, forward_bits: int, grad_bits: int) -> LayerPrecision:
-    """``p`` with forward-GEMM operands at ``forward_bits`` and the output-gradient operand (lhs) of both
-    backward GEMMs at ``grad_bits``; the other operands and float GEMMs are unchanged."""
+def with_bits(p: LayerPrecision, forward_bits: int, grad_bits: int, *, backward_operands: bool = True) -> LayerPrecision:
+    """``p`` with the weights and activations at ``forward_bits`` wherever a GEMM reads them -- both operands of
+    the forward GEMM and the other operand (rhs) of each backward GEMM (``dx = dy W``, ``dW = dy^T x``) -- and the
+    output gradient (the backward GEMMs' lhs) at ``grad_bits``; float GEMMs are unchanged.
+
+    That is the papers' "FW / BW" precision (CPT, Fu et al. 2021; FracTrain, Fu et al. 2020; after Banner et al.
+    2018): the backward GEMMs multiply the gradient by the forward's quantized weights and activations, so their
+    cost is ``grad_bits x forward_bits`` (an earlier version kept those operands at 8 bits, which the papers'
+    BitOPs do not count).  ``backward_operands=False`` leaves the backward GEMMs' rhs as they are in ``p``: DFQ's
+    per-sample widths set the forward only, so that the samples of one batch share one backward
+    (:mod:`inttrain.recipes.fractrain_dfq`)."""
 
     def fwd(g: GemmPrecision) -> GemmPrecision:
         return dataclasses.replace(g, lhs=_spec(g.lhs, forward_bits), rhs=_spec(g.rhs, forward_bits)) if g.integer else g
 
     def bwd(g: GemmPrecision) -> GemmPrecision:
-        return dataclasses.replace(g, lhs=_spec(g.lhs, grad_bits)) if g.integer else g
+        if not g.integer:
+            return g
+        return dataclasses.replace(g, lhs=_spec(g.lhs, grad_bits),
+                                   rhs=_spec(g.rhs, forward_bits) if backward_operands else g.rhs)
 
     return dataclasses.replace(p, forward=fwd(p.forward), grad_input=bwd(p.grad_input), grad_weight=bwd(p.grad_weight))
 
