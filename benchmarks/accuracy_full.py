@@ -674,8 +674,9 @@ def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st:
         "(jobs ran side by side, one per core).",
         "Weight decay applies to every parameter (the trainer's SGD); wageubn trains with its own quantized SGD "
         "(WageubnSGD: momentum, no nesterov).",
-        "dorefa-8: k = 8 on every converted layer (9-bit GEMM codes, as two exact int8 halves); first and last "
-        "layer float (the paper's setting). cpt-3-8: int8 recipe, CPT forward bits 3..8 over 32 cycles, "
+        "dorefa-8: k = 8 on every converted layer (9-bit GEMM codes, as exact int8 halves); first and last "
+        "layer float (the paper's setting). cpt-3-8: int8 recipe, CPT forward bits 3..8 over 32 cycles for the "
+        "weights and activations in all three GEMMs (since cca24bf; earlier rows: superseded_cpt_backward8.jsonl), "
         "gradients 8 bits.",
     ]
     if missing:
