@@ -6,10 +6,11 @@ from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
+import pytest
 import torch
 
 import inttrain
-from inttrain.numerics.hashing import SeedPurpose, derive_seed, mix_seed, mix_seed_tensor
+from inttrain.numerics.hashing import SeedPurpose, derive_seed, mix_seed, mix_seed_tensor, uniform_from_counter
 
 parts = st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=5)
 
@@ -53,3 +54,27 @@ def test_no_seed_salt_outside_the_hashing_module():
             if salted:
                 found.append(f"{path.relative_to(src)}:{node.lineno}")
     assert found == []
+
+
+def _int64_lanes(n: int, seed: int) -> torch.Tensor:
+    """The hash as the compiled / non-CPU path computes it: int64 lanes masked to 32 bits."""
+    from inttrain.numerics.hashing import _GOLDEN, _MASK32, _lowbias32
+
+    h = _lowbias32((torch.arange(n, dtype=torch.int64) * _GOLDEN + (seed & _MASK32)) & _MASK32)
+    return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+@pytest.mark.parametrize("n", [1, 7, (1 << 16) - 1, 1 << 16, (1 << 16) + 1, 200_003])
+@pytest.mark.parametrize("seed", [0, 12345, 0xFFFFFFFF, (1 << 40) + 9])
+def test_eager_uniforms_equal_the_int64_lanes(n: int, seed: int) -> None:
+    """Eager CPU calls hash in NumPy's uint32 lanes, chunk by chunk: the same bits as the int64 emulation that
+    compiled graphs and other devices run, at every chunk boundary and for seeds past 32 bits."""
+    got = uniform_from_counter((n,), seed)
+    assert got.dtype == torch.float32 and torch.equal(got, _int64_lanes(n, seed))
+    assert torch.equal(uniform_from_counter((n,), torch.tensor(seed, dtype=torch.int64)), got)
+
+
+def test_eager_uniforms_keep_the_requested_shape() -> None:
+    u = uniform_from_counter((3, 5, 7), 99)
+    assert u.shape == (3, 5, 7) and torch.equal(u.reshape(-1), _int64_lanes(105, 99))
+    assert uniform_from_counter((0, 4), 1).shape == (0, 4)

@@ -6,7 +6,8 @@
 process, and under ``torch.compile`` the hash fuses into the quantize kernel at almost no cost.
 
 The mixer is Chris Wellons' "lowbias32" integer hash (two multiply-xorshift rounds), evaluated in
-int64 lanes masked to 32 bits so that it is identical in eager mode, compiled code and NumPy.
+int64 lanes masked to 32 bits so that it is identical in eager mode, compiled code and NumPy (eager CPU calls
+take NumPy's wrapping uint32 arithmetic: the same bits, fewer memory passes).
 
 Seeds: :func:`mix_seed` folds counters (base seed, layer id, call count, GEMM) into a per-call seed, and
 :func:`derive_seed` gives every other random stream its seed from one of those, named by a
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import enum
 
+import numpy as np
 import torch
 
 from ..oplib import operator
@@ -83,6 +85,30 @@ def mix_seed_tensor(*parts: int | torch.Tensor) -> torch.Tensor:
     return h if isinstance(h, torch.Tensor) else torch.tensor(h, dtype=torch.int64)
 
 
+_NUMPY_CHUNK = 1 << 16  # values hashed per NumPy step: its uint32 temporaries stay in L2
+
+
+def _uniform_numpy(n: int, seed: int) -> torch.Tensor:
+    """:func:`uniform_from_counter`'s values by NumPy's wrapping uint32 arithmetic, in cache-sized chunks: the
+    same bits as the int64 lanes (the hash works modulo 2^32 either way), ~3x faster in eager mode, where each
+    torch op of the int64 emulation is a pass over an 8-byte-per-value temporary."""
+    out = np.empty(n, dtype=np.float32)
+    base = np.arange(min(n, _NUMPY_CHUNK), dtype=np.uint32)
+    golden, s = np.uint32(_GOLDEN), np.uint32(seed & _MASK32)
+    m1, m2, unit = np.uint32(0x7FEB352D), np.uint32(0x846CA68B), np.float32(1.0 / (1 << 24))
+    for start in range(0, n, _NUMPY_CHUNK):
+        h = base[: min(_NUMPY_CHUNK, n - start)] + np.uint32(start)
+        h *= golden
+        h += s
+        h ^= h >> np.uint32(16)
+        h *= m1
+        h ^= h >> np.uint32(15)
+        h *= m2
+        h ^= h >> np.uint32(16)
+        np.multiply((h >> np.uint32(8)).astype(np.float32), unit, out=out[start : start + h.shape[0]])
+    return torch.from_numpy(out)
+
+
 def uniform_from_counter(
     shape: torch.Size | tuple[int, ...], seed: int | torch.Tensor, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
@@ -93,6 +119,8 @@ def uniform_from_counter(
     n = 1
     for d in shape:
         n *= int(d)
+    if torch.device(device).type == "cpu" and not torch.compiler.is_compiling() and 0 < n < (1 << 32):
+        return _uniform_numpy(n, int(seed)).reshape(shape)  # eager CPU: the same values, fewer memory passes
     idx = torch.arange(n, dtype=torch.int64, device=device)
     seed = seed & _MASK32 if isinstance(seed, torch.Tensor) else int(seed) & _MASK32
     h = _lowbias32((idx * _GOLDEN + seed) & _MASK32)
