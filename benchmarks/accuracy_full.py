@@ -90,6 +90,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "sbm": ({"recipe": "sbm"}, 2),
     # WageubnSGD (the recipe's quantized update) has momentum but no nesterov variant.
     "wageubn": ({"recipe": "wageubn", "nesterov": False}, 2),
+    # both of its gradient quantizers (errors E, 8-bit weight gradients G) rounded stochastically, as WAGE does G
+    "wageubn-gsr": ({"recipe": "wageubn", "nesterov": False, "grad_rounding": "stochastic"}, 2),
     "dorefa-8": ({"recipe": "dorefa", "bits": 8}, 2),
     "cpt-3-8": ({"recipe": "int8", "schedule": "cpt", "schedule_min_bits": 3, "schedule_max_bits": 8,
                  "schedule_cycles": 32, "schedule_grad_bits": 8}, 2),
@@ -103,7 +105,7 @@ TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8-gsr": ("fp32", 0.2, None), "int8-dataflow-gsr": ("fp32", 0.2, None), "int8-fl": ("fp32", 0.2, None),
     "int8-bf16act": ("fp32", 0.2, None),
     "int8-dataflow-fl": ("fp32", 0.2, None),
-    **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "dorefa-8")},
+    **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "wageubn-gsr", "dorefa-8")},
     "cpt-3-8": ("int8", 0.3, 0.6), "integer-only": ("fp32", 3.0, None),
 }
 #: The trainer's optimisation knobs this benchmark sets (issue 16's settings); see the module docstring.

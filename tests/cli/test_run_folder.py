@@ -202,7 +202,7 @@ def test_grad_rounding_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert _err(capsys) == "error: --grad-rounding: 'up': expected nearest or stochastic"
     assert _train(tmp_path / "r", "--recipe", "dorefa", "--grad-rounding", "stochastic") == 2
     assert _err(capsys) == ("error: --grad-rounding: stochastic: recipe 'dorefa' has no gradient rounding choice; "
-                            "use int8, sbm or unified-int8")
+                            "use int8, sbm, unified-int8 or wageubn")
     assert not (tmp_path / "r").exists()
     run = tmp_path / "gsr"
     assert _train(run, "--recipe", "int8", "--grad-rounding", "stochastic", "--max-steps", "2") == 0

@@ -124,3 +124,18 @@ def test_wageubn_cnn_with_quant_bn_matches_fp32_on_digits():
     assert int_kernel_calls().get("conv_wgrad", 0) > 0
     print(f"wageubn cnn + 8-bit BN {acc:.2f}% vs fp32 + BN {fp32:.2f}%")
     assert acc >= fp32 - 1.5
+
+
+def test_grad_rounding_sets_both_gradient_quantizers() -> None:
+    """``--grad-rounding stochastic`` for wageubn: the errors in both backward GEMMs and the weight gradient G."""
+    from inttrain.cli.run import recipe_config_for
+    from inttrain.spec import Rounding
+
+    cfg = recipe_config_for("wageubn", None, grad_rounding="stochastic")
+    assert (cfg.e_rounding, cfg.g_rounding) == (Rounding.STOCHASTIC, Rounding.STOCHASTIC)
+    prec = cfg.precision_for(nn.Linear(4, 4), "fc")
+    assert prec.grad_input.lhs.rounding is prec.grad_weight.lhs.rounding is Rounding.STOCHASTIC
+    assert prec.forward.lhs.rounding is Rounding.NEAREST_EVEN  # W and A stay nearest
+    opt = cfg.optimizer(nn.Linear(4, 4).parameters(), 0.1)
+    assert opt.g_stochastic
+    assert not WageubnConfig().optimizer(nn.Linear(4, 4).parameters(), 0.1).g_stochastic

@@ -151,7 +151,7 @@ class RecipeConfig:
         """This config with the output-gradient rounding set (``inttrain train --grad-rounding``: the
         input-gradient GEMM's, and the weight-gradient GEMM's where the recipe sets no rounding of its own
         for it); ValueError if the recipe has no such choice."""
-        return self._with_rounding("grad_rounding", rounding, "gradient rounding choice; use int8, sbm or unified-int8")
+        return self._with_rounding("grad_rounding", rounding, "gradient rounding choice; use int8, sbm, unified-int8 or wageubn")
 
     def _with_rounding(self, field: str, rounding: Rounding, missing: str) -> RecipeConfig:
         if field not in {f.name for f in dataclasses.fields(self)}:

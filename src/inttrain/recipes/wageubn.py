@@ -52,6 +52,7 @@ Differences from the paper (and why):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -190,6 +191,12 @@ class WageubnConfig(RecipeConfig):
         err = QuantSpec(IntFormat(self.bits), PerTensor(), self.e_rounding, ScaleKind.POW2)
         return LayerPrecision(forward=GemmPrecision(spec, spec), grad_input=GemmPrecision(err, spec),
                               grad_weight=GemmPrecision(err, spec))
+
+    def with_grad_rounding(self, rounding: Rounding) -> WageubnConfig:
+        """``inttrain train --grad-rounding`` sets both of WAGEUBN's gradient quantizers: the errors E in the two
+        backward GEMMs (``e_rounding``) and the 8-bit weight gradient G before the update (``g_rounding``;
+        WAGE rounds G stochastically)."""
+        return dataclasses.replace(self, e_rounding=rounding, g_rounding=rounding)
 
     def convert_norms_(self, model: nn.Module) -> nn.Module:
         """8-bit BN (:class:`~inttrain.nn.quant_bn.QuantBatchNorm2d`) in place of every BatchNorm2d."""
