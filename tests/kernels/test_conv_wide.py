@@ -60,13 +60,17 @@ def test_weight_gradient_equals_the_int64_reference(geom: ConvGeometry, bits_g: 
     w_shape = (6, 8 // geom.groups, 3, 3)
     dy = _codes(bits_g, (3, 6, *_out_hw(geom, (9, 7), 3)), g, top=32639 if bits_g == 16 else None)
     sg, sx = torch.rand(6, generator=g) + 0.1, torch.tensor([0.02])
+    reset_kernel_calls()
     ours = conv_wide.conv2d_weight_grad(dy, sg, x, sx, w_shape, geom)
     assert torch.equal(ours.contiguous(), conv_reference.conv2d_weight_grad(dy, sg, x, sx, w_shape, geom))
+    # dy's halves stacked along the output channels: one call per half of x (grouped: one per pair of halves)
+    per_x = 1 if geom.groups == 1 else (2 if bits_g > 8 else 1)
+    assert int_kernel_calls()["conv_wgrad"] == (2 if bits_x > 8 else 1) * per_x
 
 
 def test_long_reductions_are_chunked_and_stay_exact() -> None:
     """160 channels x 9 taps = 1440 products of up to 2^14 each: past float32's exact integers in one call, so
-    the reduction runs in chunks (two forward and two input-gradient calls per pair of halves)."""
+    the reduction runs in chunks."""
     g = torch.Generator().manual_seed(7)
     geom = ConvGeometry((1, 1), (1, 1), (1, 1), 1)
     x, w = _codes(9, (2, 160, 5, 5), g), _codes(9, (160, 160, 3, 3), g)
@@ -75,7 +79,7 @@ def test_long_reductions_are_chunked_and_stay_exact() -> None:
     sx, sw = torch.tensor([1.0]), torch.ones(160)
     reset_kernel_calls()
     y = conv_wide.conv2d_forward(x, sx, w, sw, geom)
-    assert int_kernel_calls()["conv_fwd"] == 2 * 4
+    assert int_kernel_calls()["conv_fwd"] == 2 * 4  # two chunks, four pairs of halves
     assert torch.equal(y.contiguous(), conv_reference.conv2d_forward(x, sx, w, sw, geom))
     dx = conv_wide.conv2d_input_grad(x, sx, w, sw, tuple(x.shape), geom)
     assert torch.equal(dx.contiguous(), conv_reference.conv2d_input_grad(x, sx, w, sw, tuple(x.shape), geom))

@@ -112,6 +112,16 @@ def _scaled(acc: Tensor, scale_a: Tensor, scale_b: Tensor, n: int, dim: int) -> 
     return acc.mul_(scale.view(shape)).to(torch.float32)
 
 
+def _stacked(parts: _Parts, dim: int, groups: int) -> list[tuple[list[int], Tensor]]:
+    """The parts stacked along ``dim`` (channels the convolution keeps): one weight-gradient convolution then gives
+    every part's sums as row blocks of its output, reading the other operand once (ResNet-20's 9-bit
+    weight gradients 6-22% faster in one interleaved A/B).  Not for the forward and input-gradient kernels, whose channel count picks
+    their tiling (stacked: 16-channel layers 1.3-2.3x slower).  Grouped convolutions keep one call per part."""
+    if groups != 1 or len(parts) == 1:
+        return [([weight], part) for weight, part in parts]
+    return [([weight for weight, _ in parts], torch.cat([part for _, part in parts], dim))]
+
+
 def conv2d_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry) -> Tensor:
     """``conv2d(xq, wq) * x_scale * w_scale[co]`` as float32 channels-last; codes int8, shifted uint8 or int16."""
     co, cg, k_h, k_w = (int(v) for v in wq.shape)
@@ -143,11 +153,13 @@ def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor,
     """``sum_{n,h,w} gq * im2col(xq) * g_scale[co] * x_scale`` as float32 ``weight_shape`` (exact int64 sums)."""
     if not _usable(gq, xq):
         return conv_generic.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
+    co = int(weight_shape[0])
     acc = None
-    for wg, g in _parts(gq):
+    for weights, g in _stacked(_parts(gq), 1, geom.groups):
         for wx, x in _parts(xq):
             count("conv_wgrad")
-            part = wg * wx * conv.weight_grad_int(g, x, weight_shape, geom)
-            acc = part if acc is None else acc + part
-    co = int(weight_shape[0])
+            sums = conv.weight_grad_int(g, x, (g.shape[1], *weight_shape[1:]), geom)
+            for j, wg in enumerate(weights):
+                part = wg * wx * sums[j * co : (j + 1) * co]
+                acc = part if acc is None else acc + part
     return _scaled(acc.to(torch.float64), x_scale, g_scale, co, 0)
