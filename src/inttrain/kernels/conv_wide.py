@@ -113,10 +113,11 @@ def _scaled(acc: Tensor, scale_a: Tensor, scale_b: Tensor, n: int, dim: int) -> 
 
 
 def _stacked(parts: _Parts, dim: int, groups: int) -> list[tuple[list[int], Tensor]]:
-    """The parts stacked along ``dim`` (channels the convolution keeps): one weight-gradient convolution then gives
-    every part's sums as row blocks of its output, reading the other operand once (ResNet-20's 9-bit
-    weight gradients 6-22% faster in one interleaved A/B).  Not for the forward and input-gradient kernels, whose channel count picks
-    their tiling (stacked: 16-channel layers 1.3-2.3x slower).  Grouped convolutions keep one call per part."""
+    """The parts stacked along ``dim`` (channels the convolution keeps): one weight-gradient convolution then
+    gives every part's sums as row blocks of its output, reading the other operand once (ResNet-20's 9-bit
+    weight gradients 6-22% faster in one interleaved A/B).  Not for the forward and input-gradient kernels,
+    whose channel count picks their tiling (stacked: 16-channel layers 1.3-2.3x slower).  Grouped
+    convolutions keep one call per part."""
     if groups != 1 or len(parts) == 1:
         return [([weight], part) for weight, part in parts]
     return [([weight for weight, _ in parts], torch.cat([part for _, part in parts], dim))]

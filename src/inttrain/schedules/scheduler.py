@@ -27,7 +27,8 @@ def _spec(spec: QuantSpec, bits: int) -> QuantSpec:
     return spec if spec.bits == bits else dataclasses.replace(spec, fmt=dataclasses.replace(spec.fmt, bits=bits))
 
 
-def with_bits(p: LayerPrecision, forward_bits: int, grad_bits: int, *, backward_operands: bool = True) -> LayerPrecision:
+def with_bits(p: LayerPrecision, forward_bits: int, grad_bits: int, *,
+              backward_operands: bool = True) -> LayerPrecision:
     """``p`` with the weights and activations at ``forward_bits`` wherever a GEMM reads them -- both operands of
     the forward GEMM and the other operand (rhs) of each backward GEMM (``dx = dy W``, ``dW = dy^T x``) -- and the
     output gradient (the backward GEMMs' lhs) at ``grad_bits``; float GEMMs are unchanged.
