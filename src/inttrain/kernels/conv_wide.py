@@ -47,7 +47,7 @@ def split_rounded(q: Tensor) -> tuple[Tensor, Tensor]:
     """int16 codes up to 32639 -> int8 ``(hi, lo)`` with ``q = 256 hi + lo`` exactly, ``lo`` in [-128, 127]."""
     q = q.to(torch.int16)
     hi = torch.bitwise_right_shift(q + 128, 8)  # arithmetic shift: the floor; q + 128 fits int16 below 32640
-    return hi.to(torch.int8), (q - hi * 256).to(torch.int8)  # int16 wraps in between, the result is in [-128, 127]
+    return hi.to(torch.int8), (q - hi * 256).to(torch.int8)  # exact in int16: the difference is in [-128, 127]
 
 
 def _parts(q: Tensor) -> _Parts:
