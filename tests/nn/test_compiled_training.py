@@ -122,3 +122,19 @@ def test_compiled_stochastic_rounding_uses_per_call_seeds(monkeypatch):
     for *_, grads in history:
         head_weight_grad = grads[-2]
         assert sqnr_db(*head_weight_grad) > SAME_CODES_SQNR_DB  # a different seed gives ~32-40 dB here
+
+
+def test_wide_linear_gemms_compile_to_one_graph():
+    """A Linear with 12-bit codes (the int16 split on int8 kernels) traces as one graph, forward and backward:
+    its int8 GEMM is the self-counting graph node, not a Python count inside the traced autograd Function (which
+    broke sbm's compiled step into one graph per Linear)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    inttrain.prepare_(m, Int8MixedConfig(bits=12))
+    x = torch.randn(8, 16)
+    explained = torch._dynamo.explain(lambda t: m(t).square().sum())(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    run = torch.compile(m, fullgraph=True)
+    reset_kernel_calls()
+    run(x).square().sum().backward()
+    assert int_kernel_calls().get("int8_mm", 0) == 5  # 2 forward, 2 weight-gradient, 1 input-gradient GEMM (x needs none)

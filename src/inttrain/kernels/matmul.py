@@ -129,7 +129,9 @@ def _int16_x_int8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a int16, b int8: one GEMM of the stacked halves [hi; lo] @ b, recombined in int64."""
     m = a.shape[0]
     hi, lo = split_int16(a)
-    p = int8_mm(torch.cat([hi, lo]), b).to(torch.int64)
+    # through int_mm: a compiled graph gets the int8 GEMM as its opaque, self-counting node (a plain int8_mm call
+    # would count from inside the graph, a side effect that breaks it)
+    p = int_mm(torch.cat([hi, lo]), b).to(torch.int64)
     colsum = b.to(torch.int64).sum(0, keepdim=True)
     return 256 * p[:m] + p[m:] + 128 * colsum
 
