@@ -82,8 +82,7 @@ def _layer_rows(reps: int) -> list[str]:
 
 
 def _int64_uniforms(n: int, seed: int) -> torch.Tensor:
-    h = hashing._lowbias32((torch.arange(n, dtype=torch.int64) * hashing._GOLDEN + seed) & hashing._MASK32)
-    return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
+    return hashing._uniform_int64(n, seed)  # the int64 lanes compiled graphs run
 
 
 def _hash_rows(reps: int) -> list[str]:

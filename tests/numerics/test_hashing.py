@@ -58,10 +58,9 @@ def test_no_seed_salt_outside_the_hashing_module():
 
 def _int64_lanes(n: int, seed: int) -> torch.Tensor:
     """The hash as the compiled / non-CPU path computes it: int64 lanes masked to 32 bits."""
-    from inttrain.numerics.hashing import _GOLDEN, _MASK32, _lowbias32
+    from inttrain.numerics.hashing import _uniform_int64
 
-    h = _lowbias32((torch.arange(n, dtype=torch.int64) * _GOLDEN + (seed & _MASK32)) & _MASK32)
-    return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
+    return _uniform_int64(n, seed)
 
 
 @pytest.mark.parametrize("n", [1, 7, (1 << 16) - 1, 1 << 16, (1 << 16) + 1, 200_003])

@@ -121,10 +121,15 @@ def uniform_from_counter(
         n *= int(d)
     if torch.device(device).type == "cpu" and not torch.compiler.is_compiling() and 0 < n < (1 << 32):
         return _uniform_numpy(n, int(seed)).reshape(shape)  # eager CPU: the same values, fewer memory passes
+    return _uniform_int64(n, seed, device).reshape(shape)
+
+
+def _uniform_int64(n: int, seed: int | torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """:func:`uniform_from_counter`'s flat values in int64 lanes masked to 32 bits (compiled graphs, other devices)."""
     idx = torch.arange(n, dtype=torch.int64, device=device)
     seed = seed & _MASK32 if isinstance(seed, torch.Tensor) else int(seed) & _MASK32
     h = _lowbias32((idx * _GOLDEN + seed) & _MASK32)
-    return ((h >> 8).to(torch.float32) * (1.0 / (1 << 24))).reshape(shape)
+    return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
 def _advance_seeds_fake(counter, seed, layer_id, gemms):
