@@ -90,6 +90,35 @@ def test_anisotropic_geometry() -> None:
     _assert_all_exact(x, wq, g, geom)
 
 
+def test_onednn_exactness_probe_tells_the_truth() -> None:
+    """The probe's verdict holds on other codes and another geometry: exact sums where it says exact, and where it
+    says not (an AVX2-only CPU: saturating int16 pairs), a 1x1 convolution whose every product pair overflows
+    int16 comes out wrong."""
+    xu8 = torch.full((2, 32, 5, 5), 255, dtype=torch.uint8)
+    wq = torch.full((16, 32, 1, 1), 127, dtype=torch.int8)
+    wq[::2] = -128
+    exact = F.conv2d(xu8.double() - 128, wq.double())
+    got = K._qconv_raw(xu8.contiguous(memory_format=torch.channels_last), 1.0, wq, torch.ones(16), [1, 1], [0, 0],
+                       [1, 1], 1)
+    assert torch.equal(got.double(), exact) == K.onednn_int8_conv_exact()
+
+
+@pytest.mark.parametrize("k,s,p,d", [(3, 1, 1, 1), (3, 2, 1, 1), (1, 2, 0, 1), (5, 1, 2, 2)])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_exact_where_onednn_conv_saturates(monkeypatch: pytest.MonkeyPatch, k: int, s: int, p: int, d: int,
+                                           groups: int) -> None:
+    """Where oneDNN's int8 convolution is not exact (no VNNI) and the native kernel cannot run, forward and input
+    gradient take im2col + the exact integer GEMM: still bit for bit the reference, on codes at the extremes."""
+    monkeypatch.setattr(K, "onednn_int8_conv_exact", lambda: False)
+    monkeypatch.setattr(K.native, "conv_forward_supported", lambda *a: False)
+    torch.manual_seed(k * 100 + s * 10 + p + d + groups)
+    geom = K.ConvGeometry((s, s), (p, p), (d, d), groups)
+    x, wq, g = _case(3, 8, 8, 9, 8, k, geom, cl=True)
+    x[0] = 127
+    wq[0] = -128
+    _assert_all_exact(x, wq, g, geom)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     n=st.integers(1, 3), cg=st.integers(1, 4), og=st.integers(1, 4), groups=st.integers(1, 3),

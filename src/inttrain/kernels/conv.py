@@ -39,6 +39,7 @@ quantizer can emit ``q + 128`` as uint8 directly and save the shifting pass.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -181,12 +182,34 @@ def _qconv_exact(
     stride: list[int], padding: list[int], dilation: list[int], groups: int, out_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Int8 conv that is exact for any weights: the native kernel (exact int32 sums, weights packed in the
-    call), else oneDNN (splitting Cin when its float compensation could round).  ``out_dtype``: float32, or
-    bfloat16 (the float32 result rounded; written directly by the AMX kernel)."""
+    call), else oneDNN (splitting Cin when its float compensation could round), else -- where oneDNN's int8
+    convolution is not exact on this CPU (:func:`onednn_int8_conv_exact`) -- im2col + the exact integer GEMM.
+    ``out_dtype``: float32, or bfloat16 (the float32 result rounded; written directly by the AMX kernel)."""
     if xu8.shape[0] > 0 and native.conv_forward_supported(int(wq.shape[1]), int(wq.shape[2]), int(wq.shape[3]), groups):
         return native.conv2d_forward_u8s8(xu8, x_scale, wq, w_scales, tuple(stride), tuple(padding), tuple(dilation),
                                           out_dtype=out_dtype)
+    if not onednn_int8_conv_exact():
+        geom = ConvGeometry(tuple(stride), tuple(padding), tuple(dilation), groups)
+        y = conv_generic.conv2d_forward(xu8, torch.tensor(x_scale, dtype=torch.float32), wq, w_scales, geom)
+        return y.to(out_dtype).contiguous(memory_format=torch.channels_last)
     return _qconv_exact_onednn(xu8, x_scale, wq, w_scales, stride, padding, dilation, groups).to(out_dtype)
+
+
+@functools.cache  # the answer is the CPU's and oneDNN's, fixed for the process
+def onednn_int8_conv_exact() -> bool:
+    """Whether oneDNN's int8 convolution returns exact sums on this CPU, checked by running one.
+
+    With AVX512-VNNI, AVX-VNNI or AMX it multiplies uint8 by int8 into int32 directly.  Without them (e.g. an
+    AVX2-only AMD Zen 3) its kernels use ``vpmaddubsw``, which adds two uint8 x int8 products into a
+    *saturating* int16: any pair above 32767 is clipped, and random codes came out 15-18% wrong (relative
+    error).  The check convolves codes that make every such pair overflow and compares with the exact sums.
+    """
+    g = torch.Generator().manual_seed(0)
+    xu8 = torch.randint(192, 256, (1, 16, 4, 4), dtype=torch.uint8, generator=g)
+    wq = torch.randint(96, 128, (8, 16, 3, 3), dtype=torch.int8, generator=g)
+    exact = torch.nn.functional.conv2d(xu8.double() - _ZP, wq.double(), padding=1)
+    got = _qconv_raw(_channels_last_u8(xu8), 1.0, wq, torch.ones(8), [1, 1], [1, 1], [1, 1], 1)
+    return bool(torch.equal(got.double(), exact))
 
 
 def _qconv_exact_onednn(
