@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""Speed benchmark: fp32 vs bf16 autocast vs inttrain int8 (and int8 dataflow), each eager and compiled, on CPU.
+"""Speed benchmark: fp32 vs bf16 autocast vs inttrain int8 (and int8 dataflow), each eager and compiled, on CPU or CUDA.
 
     python benchmarks/speed.py                      # full run (~15 min on a 2-core VM)
     python benchmarks/speed.py --threads 1          # the same at one thread
     python benchmarks/speed.py --quick              # smoke run
     python benchmarks/speed.py --only linear,gpt    # a subset: linear, conv, mlp, resnet20, gpt
     python benchmarks/speed.py --json out.json      # also dump every sample as JSON
+    python benchmarks/speed.py --device cuda        # on a GPU: GPU-sized shapes, bf16 autocast on CUDA
 
 Every row times the same work in several variants, on the same input data and the same initial weights
 (one model is built, the others get a copy of its state_dict):
@@ -29,6 +30,11 @@ the median is reported.  For every int8 variant the integer-kernel counters
 (``inttrain.kernels.int_kernel_calls``) are checked to have increased during its timed iterations.
 No environment variables are set: default allocator; ``--threads`` (default: the machine's) is the only
 setting.
+
+``--device cuda`` runs the same variants on the GPU (int8 GEMMs on ``torch._int_mm``, i.e. cuBLASLt's int8
+tensor-core GEMM; convolutions as im2col + that GEMM), each step timed between ``torch.cuda.synchronize()``
+calls, with shapes sized for a GPU (:data:`GPU_SHAPES`: a CPU-sized GEMM is launch-bound on a GPU).  fp32 there
+is true float32 (TF32 left off, PyTorch's default).
 """
 
 from __future__ import annotations
@@ -62,6 +68,41 @@ CL = torch.channels_last
 BF16 = torch.bfloat16
 SECTIONS = ("linear", "conv", "mlp", "resnet20", "gpt")
 FAMILIES = ("fp32", "bf16", "int8", "int8_df", "int8_bf16")  # int8_bf16: int8 layers, forward under bf16 autocast
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The problem sizes of every row, per device kind."""
+    linear: tuple[tuple[int, int, int], ...]   # (tokens, in, out)
+    mlp_batch: int
+    mlp_widths: tuple[int, ...]
+    resnet_batch: int
+    gpt: tuple[int, int, int, int, int]        # (batch, seq, d_model, layers, heads)
+
+
+CPU_SHAPES = Shapes(linear=((4096, 1024, 1024), (4096, 4096, 4096), (8192, 768, 3072)), mlp_batch=512,
+                    mlp_widths=(1024, 1024, 1024), resnet_batch=128, gpt=(16, 256, 512, 4, 8))
+# GPU: Llama-sized GEMMs (a 8B model's attention and FFN projections at 16k tokens), a wide MLP, a larger GPT.
+GPU_SHAPES = Shapes(linear=((16384, 4096, 4096), (16384, 4096, 14336), (16384, 8192, 8192)), mlp_batch=8192,
+                    mlp_widths=(4096, 4096, 4096), resnet_batch=512, gpt=(16, 1024, 1024, 8, 16))
+
+
+@dataclass(frozen=True)
+class Setup:
+    device: torch.device
+    shapes: Shapes
+
+    @property
+    def kind(self) -> str:
+        return self.device.type
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+SETUP = Setup(torch.device("cpu"), CPU_SHAPES)  # main() replaces it for --device
+MODEL_FAMILIES = FAMILIES  # main() narrows it for --families
 
 
 # --------------------------------------------------------------------------------------------------
@@ -125,7 +166,7 @@ def _layer_step(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor, autocast: b
         x.grad = None
         for p in params:
             p.grad = None
-        with torch.autocast("cpu", dtype=BF16, enabled=autocast):
+        with torch.autocast(SETUP.kind, dtype=BF16, enabled=autocast):
             y = run(x)
         y.backward(dy.to(y.dtype) if y.dtype != dy.dtype else dy)
 
@@ -139,7 +180,7 @@ def _train_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor, autocas
     run = torch.compile(model) if compiled else model
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=BF16, enabled=autocast):
+        with torch.autocast(SETUP.kind, dtype=BF16, enabled=autocast):
             logits = run(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
         loss.backward()
@@ -152,7 +193,7 @@ def _train_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor, autocas
 def _copy(model: nn.Module, base_state: dict) -> nn.Module:
     m = copy.deepcopy(model)
     m.load_state_dict(base_state)
-    return m
+    return m.to(SETUP.device)
 
 
 def _all_variants(families, base: nn.Module, make_step, channels_last: bool = False,
@@ -183,15 +224,15 @@ def _all_variants(families, base: nn.Module, make_step, channels_last: bool = Fa
 
 def linear_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
     rows = []
-    for tokens, fin, fout in ((4096, 1024, 1024), (4096, 4096, 4096), (8192, 768, 3072)):
+    for tokens, fin, fout in SETUP.shapes.linear:
         target = 1.8 if (tokens, fin, fout) == (4096, 4096, 4096) else 1.6
-        row = Row("linear", "Linear fwd+bwd", f"{tokens}x{fin}x{fout}", {"bf16": target})
+        row = Row("linear", "Linear fwd+bwd", f"{tokens}x{fin}x{fout}", {"bf16": target} if SETUP.kind == "cpu" else {})
 
         def make(tokens=tokens, fin=fin, fout=fout) -> dict[str, Variant]:
             g = torch.Generator().manual_seed(0)
             base = nn.Linear(fin, fout)
-            x = torch.randn(tokens, fin, generator=g).requires_grad_(True)
-            dy = torch.randn(tokens, fout, generator=g)
+            x = torch.randn(tokens, fin, generator=g).to(SETUP.device).requires_grad_(True)
+            dy = torch.randn(tokens, fout, generator=g).to(SETUP.device)
             return _all_variants(("fp32", "bf16", "int8"), base,
                                  lambda m, ac, c, _cl: _layer_step(m, x, dy, ac, c))
 
@@ -208,8 +249,8 @@ def conv_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
         def make(ch=ch, px=px, batch=batch) -> dict[str, Variant]:
             g = torch.Generator().manual_seed(0)
             base = nn.Conv2d(ch, ch, 3, stride=1, padding=1, bias=False)
-            x = torch.randn(batch, ch, px, px, generator=g)
-            dy = torch.randn(batch, ch, px, px, generator=g)
+            x = torch.randn(batch, ch, px, px, generator=g).to(SETUP.device)
+            dy = torch.randn(batch, ch, px, px, generator=g).to(SETUP.device)
             x_cl = x.contiguous(memory_format=CL).requires_grad_(True)
             dy_cl = dy.contiguous(memory_format=CL)
             x = x.requires_grad_(True)
@@ -222,48 +263,51 @@ def conv_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
 
 
 def mlp_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
-    batch = 512
-    row = Row("mlp", "MLP train step", f"784-1024-1024-1024-10, batch {batch}", {"bf16": 1.5})
+    batch, widths = SETUP.shapes.mlp_batch, SETUP.shapes.mlp_widths
+    row = Row("mlp", "MLP train step", f"784-{'-'.join(map(str, widths))}-10, batch {batch}",
+              {"bf16": 1.5} if SETUP.kind == "cpu" else {})
 
     def make() -> dict[str, Variant]:
         torch.manual_seed(0)
-        base = build_model("mlp", 10, 1, 28)
+        base = build_model("mlp", 10, 1, 28, widths=widths)
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(batch, 1, 28, 28, generator=g)
-        y = torch.randint(0, 10, (batch,), generator=g)
-        return _all_variants(FAMILIES, base, lambda m, ac, c, _cl: _train_step(m, x, y, ac, c))
+        x = torch.randn(batch, 1, 28, 28, generator=g).to(SETUP.device)
+        y = torch.randint(0, 10, (batch,), generator=g).to(SETUP.device)
+        return _all_variants(MODEL_FAMILIES, base, lambda m, ac, c, _cl: _train_step(m, x, y, ac, c))
 
     return [(row, make)]
 
 
 def resnet_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
-    batch = 128
-    row = Row("resnet20", "ResNet-20 train step", f"CIFAR 3x32x32, batch {batch}", {"bf16": 1.1, "fp32": 2.0})
+    batch = SETUP.shapes.resnet_batch
+    row = Row("resnet20", "ResNet-20 train step", f"CIFAR 3x32x32, batch {batch}",
+              {"bf16": 1.1, "fp32": 2.0} if SETUP.kind == "cpu" else {})
 
     def make() -> dict[str, Variant]:
         torch.manual_seed(0)
         base = build_model("resnet20", 10, 3, 32)
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(batch, 3, 32, 32, generator=g)
+        x = torch.randn(batch, 3, 32, 32, generator=g).to(SETUP.device)
         x_cl = x.contiguous(memory_format=CL)
-        y = torch.randint(0, 10, (batch,), generator=g)
-        return _all_variants(FAMILIES, base, lambda m, ac, c, cl: _train_step(m, x_cl if cl else x, y, ac, c),
+        y = torch.randint(0, 10, (batch,), generator=g).to(SETUP.device)
+        return _all_variants(MODEL_FAMILIES, base, lambda m, ac, c, cl: _train_step(m, x_cl if cl else x, y, ac, c),
                              channels_last=True, nchw_fp32=True)
 
     return [(row, make)]
 
 
 def gpt_rows() -> list[tuple[Row, Callable[[], dict[str, Variant]]]]:
-    batch, seq, vocab = 16, 256, 65
-    row = Row("gpt", "GPT train step", f"d512 L4 H8, seq {seq}, batch {batch}, vocab {vocab}", {"bf16": 1.4})
+    (batch, seq, d_model, layers, heads), vocab = SETUP.shapes.gpt, 65
+    row = Row("gpt", "GPT train step", f"d{d_model} L{layers} H{heads}, seq {seq}, batch {batch}, vocab {vocab}",
+              {"bf16": 1.4} if SETUP.kind == "cpu" else {})
 
     def make() -> dict[str, Variant]:
         torch.manual_seed(0)
-        base = build_model("gpt-small", vocab, 1, seq, d_model=512, n_layers=4, n_heads=8)
+        base = build_model("gpt-small", vocab, 1, seq, d_model=d_model, n_layers=layers, n_heads=heads)
         g = torch.Generator().manual_seed(0)
-        idx = torch.randint(0, vocab, (batch, seq), generator=g)
-        tgt = torch.randint(0, vocab, (batch, seq), generator=g)
-        return _all_variants(FAMILIES, base, lambda m, ac, c, _cl: _train_step(m, idx, tgt, ac, c))
+        idx = torch.randint(0, vocab, (batch, seq), generator=g).to(SETUP.device)
+        tgt = torch.randint(0, vocab, (batch, seq), generator=g).to(SETUP.device)
+        return _all_variants(MODEL_FAMILIES, base, lambda m, ac, c, _cl: _train_step(m, idx, tgt, ac, c))
 
     return [(row, make)]
 
@@ -291,8 +335,10 @@ def _run_variant_safely(v: Variant) -> float | None:
     """One call of v.step; returns seconds, or marks the variant failed and returns None."""
     assert v.step is not None
     try:
+        SETUP.sync()
         t0 = time.perf_counter()
         v.step()
+        SETUP.sync()  # device work is asynchronous: the step ends when the device is done
         return time.perf_counter() - t0
     except Exception as exc:
         v.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
@@ -433,7 +479,12 @@ def cpu_flags() -> str:
 
 def environment() -> dict[str, str]:
     flags = cpu_flags()
+    gpu = {}
+    if SETUP.kind == "cuda":
+        gpu = {"gpu": torch.cuda.get_device_name(SETUP.device), "cuda": str(torch.version.cuda),
+               "tf32 matmul": str(torch.backends.cuda.matmul.allow_tf32)}
     return {
+        **gpu,
         "cpu": cpu_model(),
         "int8/bf16 flags": flags + ("  (AMX: bf16 autocast also runs on AMX tiles)" if "amx_bf16" in flags else ""),
         "threads": str(torch.get_num_threads()),
@@ -449,7 +500,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="short smoke run")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the machine's default)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where the steps run (cuda: GPU-sized shapes, bf16 autocast on CUDA)")
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help=f"comma-separated subset of {','.join(FAMILIES)} for the whole-model rows (fp32, bf16 and "
+                         "int8 always run)")
     ap.add_argument("--json", metavar="PATH", help="write all samples and results as JSON")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="timed seconds per variant (default: 3, or 0.5 with --quick)")
     ap.add_argument("--default-allocator", action="store_true",
                     help="leave glibc's malloc as it is (default: keep_freed_memory(), as the inttrain CLI does, "
                          "for every variant alike)")
@@ -458,10 +516,18 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
         ap.error(f"unknown section(s) {unknown}; allowed: {','.join(SECTIONS)}")
+    families = tuple(f for f in FAMILIES if f in {s.strip() for s in args.families.split(",")} | {"fp32", "bf16", "int8"})
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available")
+    global SETUP, MODEL_FAMILIES
+    SETUP = Setup(torch.device(args.device), GPU_SHAPES if args.device == "cuda" else CPU_SHAPES)
+    MODEL_FAMILIES = families
     if args.threads:
         torch.set_num_threads(args.threads)
     tuned = not args.default_allocator and keep_freed_memory()
     budget = QUICK if args.quick else FULL
+    if args.seconds is not None:
+        budget = Budget(budget.warmup, args.seconds, budget.min_iters, budget.max_iters)
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -469,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     env["allocator"] = ("glibc malloc keeps freed memory (inttrain.kernels.workspace.keep_freed_memory), all variants"
                         if tuned else "default")
-    log("# inttrain speed benchmark (fwd+bwd, CPU)")
+    log(f"# inttrain speed benchmark (fwd+bwd, {SETUP.kind.upper()})")
     for k, v in env.items():
         log(f"- {k}: {v}")
     log(f"- mode: {'quick' if args.quick else 'full'} (warm-up {budget.warmup} it, ~{budget.seconds:g} s timed per "
@@ -477,9 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     log("")
     t_start = time.perf_counter()
     rows: list[Row] = []
-    for section in SECTIONS:
-        if section not in only:
-            continue
+    for section in dict.fromkeys(only):  # in the order asked for (a run cut short keeps the first sections)
         for row, make in BUILDERS[section]():
             variants = make()
             measure(row, variants, budget, log)

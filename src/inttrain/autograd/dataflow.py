@@ -208,7 +208,7 @@ class _MaxPool2d(Function):
         # uint8 codes are monotonic in the values, so the max (and its position, ties included) is exact.
         # torch 2.13's uint8 channels-last max-pool kernel fails at 14x14 and up ("Expected input_depth *
         # input_height * input_width <= ..."): pool NCHW-contiguous codes, hand the layout back unchanged.
-        out = F.max_pool2d(_nchw(x.codes), kernel_size, stride, padding, dilation, ceil_mode)
+        out = F.max_pool2d(_poolable(x.codes), kernel_size, stride, padding, dilation, ceil_mode).to(x.codes.dtype)
         if x.codes.is_contiguous(memory_format=torch.channels_last) and not x.codes.is_contiguous():
             out = out.contiguous(memory_format=torch.channels_last)
         ctx.save_for_backward(x.codes)  # indices recomputed in backward: int64 indices would cost 8 bytes each
@@ -219,13 +219,20 @@ class _MaxPool2d(Function):
     def backward(ctx, g):
         (codes,) = ctx.saved_tensors
         k, s, p, d, c = ctx.args
-        _, idx = torch.ops.aten.max_pool2d_with_indices(_nchw(codes), k, s, p, d, c)
+        _, idx = torch.ops.aten.max_pool2d_with_indices(_poolable(codes), k, s, p, d, c)
         dx = torch.ops.aten.max_pool2d_with_indices_backward(g, _empty_like_shape(codes.shape, g), k, s, p, d, c, idx)
         return dx, None, None, None, None, None
 
 
 def _nchw(codes: torch.Tensor) -> torch.Tensor:
     return codes if codes.is_contiguous() else codes.contiguous()
+
+
+def _poolable(codes: torch.Tensor) -> torch.Tensor:
+    """NCHW codes a max-pool kernel takes: uint8 on the CPU; on CUDA, which has no integer max-pool, float16
+    (every uint8 value is exact in it, so the max and its position are the same)."""
+    codes = _nchw(codes)
+    return codes if codes.device.type == "cpu" else codes.to(torch.float16)
 
 
 def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):

@@ -28,6 +28,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
+from ..spec import IntFormat, PerChannel, PerTensor, QuantSpec
+
 __all__ = ["QActivation", "DeferredQuant", "quantize_activation", "dequantize_if_quantized", "fallback_ops_seen", "to_float"]
 
 log = logging.getLogger("inttrain")
@@ -285,6 +287,12 @@ def to_float(x: QActivation) -> torch.Tensor:
     return _ToFloat.apply(x)
 
 
+#: The specs :func:`quantize_activation` uses, made once: a compiled graph then reads a constant instead of building
+#: the dataclasses while it traces (torch 2.11's Dynamo cannot build an IntFormat inside an autograd.Function).
+_ACTIVATION_SPECS = {(bits, per_channel): QuantSpec(IntFormat(bits), PerChannel(axis=1) if per_channel else PerTensor())
+                     for bits in range(2, 17) for per_channel in (False, True)}
+
+
 def quantize_activation(x: torch.Tensor, per_channel: bool = False, bits: int = 8,
                         name: str = "activation") -> QActivation:
     """Quantize a float tensor (no autograd) to a QActivation: symmetric, round-half-even, absmax scale.
@@ -294,9 +302,9 @@ def quantize_activation(x: torch.Tensor, per_channel: bool = False, bits: int = 
     """
     from ..kernels.fused import quantize_matrix
     from ..numerics.quantize import check_finite
-    from ..spec import IntFormat, PerChannel, PerTensor, QuantSpec
-
-    spec = QuantSpec(IntFormat(bits), PerChannel(axis=1) if per_channel else PerTensor())
+    spec = _ACTIVATION_SPECS.get((bits, per_channel))
+    if spec is None:  # outside 2..16 bits: IntFormat raises its own error
+        spec = QuantSpec(IntFormat(bits), PerChannel(axis=1) if per_channel else PerTensor())
     x = x.detach()
     if x.dim() in (2, 4):
         codes, scale = quantize_rows_of(x, spec, zero_point=128)

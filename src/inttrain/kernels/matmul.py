@@ -78,23 +78,38 @@ def gemm_layout(m: torch.Tensor) -> torch.Tensor:
 
 
 def _int_mm_padded(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``torch._int_mm`` with the CUDA shape rules met by zero padding (M > 16, K and N multiples of 8).
-
-    Zero rows/columns add nothing to the integer sums, so padding keeps the result exact.
-    """
+    """``torch._int_mm`` on CPU (AMX tiles where the CPU has them), or :func:`_int_mm_cuda` on CUDA."""
     if a.device.type != "cuda":
         if a.dtype == torch.int8 and b.dtype == torch.int8 and a.device.type == "cpu" and native.amx_available():
             return native.int8_mm_amx(a, b, out)  # torch._int_mm's oneDNN GEMM runs on VNNI, not AMX tiles
         a, b = gemm_layout(a), gemm_layout(b)
         return torch._int_mm(a, b) if out is None else torch.ops.aten._int_mm.out(a, b, out=out)
+    return _int_mm_cuda(a, b)
+
+
+def _cuda_operand(t: torch.Tensor, rows: int, cols: int, row_major: bool) -> torch.Tensor:
+    """``t`` zero-padded to [rows, cols] in the given layout; ``t`` itself where it already is that."""
+    if tuple(t.shape) == (rows, cols) and t.stride() == ((cols, 1) if row_major else (1, rows)):
+        return t
+    out = t.new_zeros((rows, cols)) if row_major else t.new_zeros((cols, rows)).t()
+    out[: t.shape[0], : t.shape[1]] = t
+    return out
+
+
+def _int_mm_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch._int_mm`` on CUDA, in the one operand layout cuBLASLt's int8 GEMM takes for every shape.
+
+    cuBLASLt's int8 tensor-core GEMM wants "TN": ``a`` row-major, ``b`` column-major, and M > 16, K and N
+    multiples of 8; other layouts and unaligned sizes fail with CUBLAS_STATUS_NOT_SUPPORTED for some shapes
+    (seen on an H100, CUDA 13: e.g. row-major 17x8 @ 8x144).  Operands are copied into that layout with
+    M, K, N padded to multiples of 16 (M at least 32) where they are not already so; zero rows and columns
+    add nothing to the integer sums, so the result stays exact.
+    """
     m, k = a.shape
     n = b.shape[1]
-    pm, pk, pn = max(17 - m, 0), (-k) % 8, (-n) % 8
-    if pm or pk:
-        a = torch.nn.functional.pad(a, (0, pk, 0, pm))
-    if pk or pn:
-        b = torch.nn.functional.pad(b, (0, pn, 0, pk))
-    return torch._int_mm(a, b)[:m, :n]
+    mp, kp, np_ = max(32, -(-m // 16) * 16), -(-k // 16) * 16, -(-n // 16) * 16
+    out = torch._int_mm(_cuda_operand(a, mp, kp, True), _cuda_operand(b, kp, np_, False))
+    return out if (mp, np_) == (m, n) else out[:m, :n].contiguous()  # row-major, as the fake kernel says
 
 
 def int8_mm(a: torch.Tensor, b: torch.Tensor, *, reuse_output: bool = False) -> torch.Tensor:

@@ -128,7 +128,11 @@ def _uniform_int64(n: int, seed: int | torch.Tensor, device: torch.device | str 
     """:func:`uniform_from_counter`'s flat values in int64 lanes masked to 32 bits (compiled graphs, other devices)."""
     idx = torch.arange(n, dtype=torch.int64, device=device)
     seed = seed & _MASK32 if isinstance(seed, torch.Tensor) else int(seed) & _MASK32
-    h = _lowbias32((idx * _GOLDEN + seed) & _MASK32)
+    # `& _MASK32` first (a no-op on the values): a bitwise op makes Inductor compute the position as a value in
+    # int64 lanes.  Without it the product folds into a Triton index expression, whose literals must fit int32
+    # ("Scalar 2654435769 is out of range for type int32", and past a 2-D tile's row stride even for
+    # the int32-sized congruent multiplier).
+    h = _lowbias32(((idx & _MASK32) * _GOLDEN + seed) & _MASK32)
     return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
