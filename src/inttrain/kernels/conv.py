@@ -51,7 +51,7 @@ from ..spec import IntFormat, Rounding
 from . import conv_generic, native
 from .conv_geometry import ConvGeometry
 from .counters import count
-from .matmul import gemm_layout
+from .matmul import int8_gemm_kernel
 
 __all__ = [
     "ConvGeometry",
@@ -189,10 +189,29 @@ def _qconv_exact(
         return native.conv2d_forward_u8s8(xu8, x_scale, wq, w_scales, tuple(stride), tuple(padding), tuple(dilation),
                                           out_dtype=out_dtype)
     if not onednn_int8_conv_exact():
-        geom = ConvGeometry(tuple(stride), tuple(padding), tuple(dilation), groups)
-        y = conv_generic.conv2d_forward(xu8, torch.tensor(x_scale, dtype=torch.float32), wq, w_scales, geom)
-        return y.to(out_dtype).contiguous(memory_format=torch.channels_last)
+        return _qconv_im2col(xu8, x_scale, wq, w_scales, ConvGeometry(tuple(stride), tuple(padding), tuple(dilation),
+                                                                      groups), out_dtype)
     return _qconv_exact_onednn(xu8, x_scale, wq, w_scales, stride, padding, dilation, groups).to(out_dtype)
+
+
+def _qconv_im2col(xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor, geom: ConvGeometry,
+                  out_dtype: torch.dtype) -> Tensor:
+    """The int8 convolution as im2col of the codes + the machine's exact int8 GEMM (uncounted: the caller counts
+    the convolution), the int32 sums scaled in float64 and rounded once (:mod:`.conv_generic`'s epilogue, bit for
+    bit), written into a fresh channels-last tensor (a view would break in-place ops after the autograd Function)."""
+    xq = conv_generic.unshift_u8(xu8)
+    n = xq.shape[0]
+    co, cg, k_h, k_w = wq.shape
+    g, cog = geom.groups, co // geom.groups
+    cols, ho, wo = conv_generic.im2col(xq, k_h, k_w, geom)
+    wmat = wq.reshape(g, cog, cg, k_h, k_w).permute(0, 3, 4, 2, 1).reshape(g, k_h * k_w * cg, cog)
+    out = torch.empty((n, co, ho, wo), dtype=torch.float32, memory_format=torch.channels_last)
+    rows = out.permute(0, 2, 3, 1).view(n * ho * wo, co)
+    scale = w_scales.to(torch.float64) * x_scale
+    for grp in range(g):
+        acc = int8_gemm_kernel(cols[:, grp], wmat[grp])
+        rows[:, grp * cog : (grp + 1) * cog] = acc.to(torch.float64) * scale[grp * cog : (grp + 1) * cog]
+    return out if out_dtype == torch.float32 else out.to(out_dtype)  # bfloat16: the float32 result rounded
 
 
 @functools.cache  # the answer is the CPU's and oneDNN's, fixed for the process
@@ -464,8 +483,9 @@ def _batch_chunk(n: int, terms_per_image: int, bytes_per_image: int) -> int:
 
 
 def _int_mm(a: Tensor, b: Tensor) -> Tensor:
-    """``torch._int_mm`` with operands whose strides the oneDNN GEMM reads correctly (see ``gemm_layout``)."""
-    return torch._int_mm(gemm_layout(a), gemm_layout(b))
+    """The machine's int8 GEMM kernel (:func:`~inttrain.kernels.matmul.int8_gemm_kernel`), uncounted: the
+    weight-gradient convolution that calls it counts itself once."""
+    return int8_gemm_kernel(a, b)
 
 
 def _nhwc(t: Tensor) -> Tensor:

@@ -24,7 +24,7 @@ from torch import Tensor
 from .conv_geometry import ConvGeometry
 from .matmul import int_mm, split_int16
 
-__all__ = ["conv2d_forward", "conv2d_input_grad", "conv2d_weight_grad", "unshift_u8"]
+__all__ = ["conv2d_forward", "conv2d_input_grad", "conv2d_weight_grad", "im2col", "unshift_u8"]
 
 
 def unshift_u8(codes: Tensor) -> Tensor:
@@ -36,7 +36,7 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-def _im2col(x: Tensor, k_h: int, k_w: int, geom: ConvGeometry, pad_value: int = 0) -> tuple[Tensor, int, int]:
+def im2col(x: Tensor, k_h: int, k_w: int, geom: ConvGeometry, pad_value: int = 0) -> tuple[Tensor, int, int]:
     """int8 NCHW -> columns ``[N*Ho*Wo, G, k_h*k_w*Cg]`` (row = output pixel, col = (kh, kw, c) of one group)."""
     n, c, h, w = x.shape
     (sh, sw), (ph, pw), (dh, dw), g = geom.stride, geom.padding, geom.dilation, geom.groups
@@ -56,11 +56,11 @@ def _columns(xq: Tensor, k_h: int, k_w: int, geom: ConvGeometry) -> tuple[tuple[
     lo -128) included.  Splitting before im2col touches k_h*k_w times fewer codes than splitting the columns
     (measured: a 9-bit 16-channel 3x3 layer at batch 128 spent ~1.2 s a GEMM in int32/int64 passes over them)."""
     if xq.dtype != torch.int16:
-        cols, ho, wo = _im2col(xq, k_h, k_w, geom)
+        cols, ho, wo = im2col(xq, k_h, k_w, geom)
         return (cols,), ho, wo
     hi, lo = split_int16(xq)
-    cols_hi, ho, wo = _im2col(hi, k_h, k_w, geom)
-    cols_lo, _, _ = _im2col(lo, k_h, k_w, geom, pad_value=-128)
+    cols_hi, ho, wo = im2col(hi, k_h, k_w, geom)
+    cols_lo, _, _ = im2col(lo, k_h, k_w, geom, pad_value=-128)
     return (cols_hi, cols_lo), ho, wo
 
 

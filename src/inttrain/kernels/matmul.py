@@ -33,6 +33,7 @@ __all__ = [
     "int_mm",
     "split_int16",
     "has_int_mm",
+    "int8_gemm_kernel",
     "gemm_layout",
 ]
 
@@ -77,14 +78,34 @@ def gemm_layout(m: torch.Tensor) -> torch.Tensor:
     return torch.empty((rows, cols), dtype=m.dtype, device=m.device).copy_(m)
 
 
-def _int_mm_padded(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``torch._int_mm`` on CPU (AMX tiles where the CPU has them), or :func:`_int_mm_cuda` on CUDA."""
+def int8_gemm_kernel(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The machine's exact int8 x int8 -> int32 GEMM kernel, uncounted (K <= INT8_SAFE_K; ``out``: CPU only):
+    AMX tiles where the CPU has them; the native AVX2 GEMM where it has no int8 dot-product instruction (there
+    ``torch._int_mm`` runs a reference loop); else ``torch._int_mm`` (oneDNN VNNI GEMM); on CUDA
+    :func:`_int_mm_cuda`."""
     if a.device.type != "cuda":
-        if a.dtype == torch.int8 and b.dtype == torch.int8 and a.device.type == "cpu" and native.amx_available():
-            return native.int8_mm_amx(a, b, out)  # torch._int_mm's oneDNN GEMM runs on VNNI, not AMX tiles
+        if a.dtype == torch.int8 and b.dtype == torch.int8 and a.device.type == "cpu":
+            if native.amx_available():  # torch._int_mm's oneDNN GEMM runs on VNNI, not AMX tiles
+                return _k_chunked(native.int8_mm_amx, a, b, out)
+            if native.avx2_gemm_preferred():
+                return _k_chunked(native.int8_mm_avx2, a, b, out)
         a, b = gemm_layout(a), gemm_layout(b)
         return torch._int_mm(a, b) if out is None else torch.ops.aten._int_mm.out(a, b, out=out)
     return _int_mm_cuda(a, b)
+
+
+def _k_chunked(kernel, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``kernel(a, b, out)`` for a native GEMM that takes K <= INT8_SAFE_K, over longer K as int32 sums of
+    K-chunks: what ``torch._int_mm`` returns for such K, exact whenever the caller bounds the sum of the
+    products' magnitudes below 2^31 (as the convolution weight gradient's batch chunks do: their padded
+    rows add K but no products)."""
+    k = a.shape[1]
+    if k <= INT8_SAFE_K:
+        return kernel(a, b, out)
+    out = kernel(a[:, :INT8_SAFE_K], b[:INT8_SAFE_K], out)
+    for k0 in range(INT8_SAFE_K, k, INT8_SAFE_K):
+        out += kernel(a[:, k0 : k0 + INT8_SAFE_K], b[k0 : k0 + INT8_SAFE_K])
+    return out
 
 
 def _cuda_operand(t: torch.Tensor, rows: int, cols: int, row_major: bool) -> torch.Tensor:
@@ -125,10 +146,10 @@ def int8_mm(a: torch.Tensor, b: torch.Tensor, *, reuse_output: bool = False) -> 
     count("int8_mm")
     if k <= INT8_SAFE_K:
         out = scratch((m, n), torch.int32, a.device) if reuse_output and a.device.type != "cuda" else None
-        return _int_mm_padded(a, b, out)
+        return int8_gemm_kernel(a, b, out)
     out = torch.zeros(m, n, dtype=torch.int64, device=a.device)
     for k0 in range(0, k, INT8_SAFE_K):
-        out += _int_mm_padded(a[:, k0 : k0 + INT8_SAFE_K], b[k0 : k0 + INT8_SAFE_K])
+        out += int8_gemm_kernel(a[:, k0 : k0 + INT8_SAFE_K], b[k0 : k0 + INT8_SAFE_K])
     return out
 
 

@@ -2,9 +2,9 @@
 
 import sys
 
-from . import CONV_AMX_LIBRARY, GEMM_LIBRARY, LIBRARY, QUANTIZE_LIBRARY
+from . import CONV_AMX_LIBRARY, GEMM_AVX2_LIBRARY, GEMM_LIBRARY, LIBRARY, QUANTIZE_LIBRARY
 
-for library in (LIBRARY, QUANTIZE_LIBRARY, GEMM_LIBRARY, CONV_AMX_LIBRARY):
+for library in (LIBRARY, QUANTIZE_LIBRARY, GEMM_LIBRARY, CONV_AMX_LIBRARY, GEMM_AVX2_LIBRARY):
     if library.load() is not None:
         print(f"native kernels: {library.build()}")
     else:
