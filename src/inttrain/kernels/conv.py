@@ -197,8 +197,9 @@ def _qconv_exact(
 def _qconv_im2col(xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor, geom: ConvGeometry,
                   out_dtype: torch.dtype) -> Tensor:
     """The int8 convolution as im2col of the codes + the machine's exact int8 GEMM (uncounted: the caller counts
-    the convolution), the int32 sums scaled in float64 and rounded once (:mod:`.conv_generic`'s epilogue, bit for
-    bit), written into a fresh channels-last tensor (a view would break in-place ops after the autograd Function)."""
+    the convolution), with the native kernel's epilogue ``float32(sum) * float32(x_scale * w_scale)`` written
+    straight into a fresh channels-last tensor (a view would break in-place ops after the autograd Function;
+    a float64 epilogue, one rounding, cost 5.5 ms of a 30 ms 16-channel layer here)."""
     xq = conv_generic.unshift_u8(xu8)
     n = xq.shape[0]
     co, cg, k_h, k_w = wq.shape
@@ -207,10 +208,10 @@ def _qconv_im2col(xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor, geo
     wmat = wq.reshape(g, cog, cg, k_h, k_w).permute(0, 3, 4, 2, 1).reshape(g, k_h * k_w * cg, cog)
     out = torch.empty((n, co, ho, wo), dtype=torch.float32, memory_format=torch.channels_last)
     rows = out.permute(0, 2, 3, 1).view(n * ho * wo, co)
-    scale = w_scales.to(torch.float64) * x_scale
+    scale = w_scales.to(torch.float32) * torch.tensor(x_scale, dtype=torch.float32)
     for grp in range(g):
-        acc = int8_gemm_kernel(cols[:, grp], wmat[grp])
-        rows[:, grp * cog : (grp + 1) * cog] = acc.to(torch.float64) * scale[grp * cog : (grp + 1) * cog]
+        part = slice(grp * cog, (grp + 1) * cog)
+        torch.mul(int8_gemm_kernel(cols[:, grp], wmat[grp]), scale[part], out=rows[:, part])
     return out if out_dtype == torch.float32 else out.to(out_dtype)  # bfloat16: the float32 result rounded
 
 
