@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from inttrain.cli.app import main
+from inttrain.cli.demo import bf16_is_native
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -101,3 +102,4 @@ def test_demo() -> None:
     assert fp32_row.rstrip().endswith("no")
     layer_line = next(line for line in r.stdout.splitlines() if line.startswith("one Linear layer, 256 tokens"))
     assert "fp32" in layer_line and "bf16" in layer_line and "int8" in layer_line
+    assert ("bf16 not timed" in layer_line) == (not bf16_is_native())

@@ -20,7 +20,7 @@ from inttrain.kernels import int_kernel_calls
 from inttrain.models import build_model
 from inttrain.trainer import train
 
-__all__ = ["DemoRow", "run_demo", "format_table", "time_linear_layer", "format_layer_times"]
+__all__ = ["DemoRow", "run_demo", "format_table", "time_linear_layer", "format_layer_times", "bf16_is_native"]
 
 MODEL = "small-cnn"
 DATASET = "digits"
@@ -101,6 +101,8 @@ def time_linear_layer(size: int = 2048, iters: int = 3) -> dict[str, float]:
 
     The digits CNN above is far too small for int8 kernels to pay off (fixed per-call costs dominate);
     this shows the same comparison where the GEMMs dominate.  ``benchmarks/speed.py`` is the full benchmark.
+    bf16 is left out where oneDNN has no bf16 kernels for this CPU (an AVX2-only CPU: it emulates them, 20-30x
+    slower than fp32 -- minutes at the default size, for a figure nobody would train with).
     """
     import statistics
     import time
@@ -111,7 +113,7 @@ def time_linear_layer(size: int = 2048, iters: int = 3) -> dict[str, float]:
     x = torch.randn(size, size)
     dy = torch.randn(size, size)
     times: dict[str, float] = {}
-    for recipe in ("fp32", "bf16", "int8"):
+    for recipe in ("fp32", "bf16", "int8") if bf16_is_native() else ("fp32", "int8"):
         layer = torch.nn.Linear(size, size)
         if recipe == "int8":
             inttrain.prepare_(layer, "int8")
@@ -132,8 +134,15 @@ def time_linear_layer(size: int = 2048, iters: int = 3) -> dict[str, float]:
     return times
 
 
+def bf16_is_native() -> bool:
+    """Whether oneDNN has bf16 kernels for this CPU (else bf16 autocast runs emulated, far slower than fp32)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def format_layer_times(times: dict[str, float], size: int) -> str:
     fp32 = times["fp32"]
     cells = ", ".join(f"{r} {t * 1e3:.0f} ms ({fp32 / t:.2f}x)" for r, t in times.items())
+    if "bf16" not in times:
+        cells += ", bf16 not timed (no bf16 kernels for this CPU)"
     return f"one Linear layer, {size} tokens x {size} -> {size}, fwd+bwd: {cells}  (ratio vs fp32, >1 is faster)"
 
