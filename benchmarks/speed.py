@@ -512,11 +512,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="leave glibc's malloc as it is (default: keep_freed_memory(), as the inttrain CLI does, "
                          "for every variant alike)")
     args = ap.parse_args(argv)
+    if args.seconds is not None and not 0 < args.seconds < 3600:
+        ap.error(f"--seconds must be in (0, 3600), got {args.seconds}")
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
         ap.error(f"unknown section(s) {unknown}; allowed: {','.join(SECTIONS)}")
-    families = tuple(f for f in FAMILIES if f in {s.strip() for s in args.families.split(",")} | {"fp32", "bf16", "int8"})
+    asked = {f.strip() for f in args.families.split(",") if f.strip()}
+    if asked - set(FAMILIES):
+        ap.error(f"unknown famil(ies) {sorted(asked - set(FAMILIES))}; allowed: {','.join(FAMILIES)}")
+    families = tuple(f for f in FAMILIES if f in asked | {"fp32", "bf16", "int8"})
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is available")
     global SETUP, MODEL_FAMILIES
