@@ -17,14 +17,17 @@ Kernels
   24 bits; :func:`_qconv_exact` checks a bound computed from the weights and, when it
   could be exceeded, splits the input channels into chunks that are each safe and
   sums the chunks in float64.
+* Without VNNI / AMX oneDNN's int8 convolution is not exact at all: its AVX2 kernels add
+  uint8 x int8 product pairs in saturating int16 (``vpmaddubsw``).  A probe
+  (:func:`onednn_int8_conv_exact`) finds out once; such CPUs take im2col + the exact int8 GEMM.
 * The input gradient of a strided conv uses a sub-pixel decomposition: one conv of
   the gradient with an ``s*s``-phase weight, whose output channels are the phases,
   then one interleaving copy.  Zero-insertion would do ``s*s`` times more MACs.
 * The weight gradient is a GEMM with a long reduction (N*Ho*Wo) and a small
   result.  Where the CPU has AVX512-VNNI it runs on :mod:`.native` (a C kernel
   that keeps a result tile in registers and reads the codes in place: 3-4x the
-  library GEMMs below on ResNet-20's layers).  Otherwise on ``torch._int_mm``
-  (oneDNN s8s8s32 GEMM), over the batch in chunks that stay in cache and that
+  library GEMMs below on ResNet-20's layers).  Otherwise on the machine's int8 GEMM
+  (:func:`~inttrain.kernels.matmul.int8_gemm_kernel`: oneDNN's, AMX or AVX2), over the batch in chunks that stay in cache and that
   bound every int32 partial (see :func:`_batch_chunk`); the partials are summed
   in int64.  Stride 1 uses "shifted GEMMs" on a padded NHWC grid (no im2col);
   other strides use a per-chunk im2col.  :func:`conv2d_weight_grad_float` takes the float output
