@@ -138,3 +138,28 @@ def test_size_one_dimensions_with_transposed_operands(m, k, n, a_t, b_t):
     a = _rand((k, m), I8, torch.int8, g).t() if a_t else _rand((m, k), I8, torch.int8, g)
     b = _rand((n, k), I8, torch.int8, g).t() if b_t else _rand((k, n), I8, torch.int8, g)
     assert torch.equal(int_mm(a, b).long(), int_mm_reference(a, b))
+
+
+def test_cpu_without_int8_dot_products_takes_the_avx2_kernel_and_chunks_long_k(monkeypatch):
+    """Where the AVX2 GEMM is the CPU's int8 GEMM every CPU int8 product goes through it (torch._int_mm runs a
+    reference loop there), and a K past the kernel's int32 bound is cut into chunks whose int32 sums add up to
+    torch._int_mm's result."""
+    from inttrain.kernels import matmul, native
+
+    calls = []
+
+    def spy(a, b, out=None, threads=None):  # stands in for the native kernel on any CPU: records, multiplies
+        calls.append(a.shape[1])
+        product = torch._int_mm(matmul.gemm_layout(a), matmul.gemm_layout(b))
+        return product if out is None else out.copy_(product)
+
+    monkeypatch.setattr(native, "amx_available", lambda: False)
+    monkeypatch.setattr(native, "avx2_gemm_preferred", lambda: True)
+    monkeypatch.setattr(native, "int8_mm_avx2", spy)
+    a, b = torch.randint(-128, 128, (9, 40), dtype=torch.int8), torch.randint(-128, 128, (40, 7), dtype=torch.int8)
+    assert torch.equal(int8_mm(a, b).long(), int_mm_reference(a, b)) and calls == [40]
+    calls.clear()
+    k = INT8_SAFE_K + 100
+    a, b = torch.ones((2, k), dtype=torch.int8), torch.ones((k, 3), dtype=torch.int8)
+    assert torch.equal(matmul.int8_gemm_kernel(a, b), torch.full((2, 3), k, dtype=torch.int32))
+    assert calls == [INT8_SAFE_K, 100]
