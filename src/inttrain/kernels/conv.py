@@ -208,7 +208,7 @@ def _qconv_im2col(xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor, geo
     co, cg, k_h, k_w = wq.shape
     g, cog = geom.groups, co // geom.groups
     cols, ho, wo = conv_generic.im2col(xq, k_h, k_w, geom)
-    wmat = wq.reshape(g, cog, cg, k_h, k_w).permute(0, 3, 4, 2, 1).reshape(g, k_h * k_w * cg, cog)
+    wmat = conv_generic.weight_matrix(wq, g)
     out = torch.empty((n, co, ho, wo), dtype=torch.float32, memory_format=torch.channels_last)
     rows = out.permute(0, 2, 3, 1).view(n * ho * wo, co)
     scale = w_scales.to(torch.float32) * torch.tensor(x_scale, dtype=torch.float32)

@@ -24,7 +24,7 @@ from torch import Tensor
 from .conv_geometry import ConvGeometry
 from .matmul import int_mm, split_int16
 
-__all__ = ["conv2d_forward", "conv2d_input_grad", "conv2d_weight_grad", "im2col", "unshift_u8"]
+__all__ = ["conv2d_forward", "conv2d_input_grad", "conv2d_weight_grad", "im2col", "unshift_u8", "weight_matrix"]
 
 
 def unshift_u8(codes: Tensor) -> Tensor:
@@ -48,6 +48,13 @@ def im2col(x: Tensor, k_h: int, k_w: int, geom: ConvGeometry, pad_value: int = 0
         (n, ho, wo, g, k_h, k_w, cg), (hp * wp * c, sh * wp * c, sw * c, cg, dh * wp * c, dw * c, 1)
     )
     return patches.reshape(n * ho * wo, g, k_h * k_w * cg), ho, wo
+
+
+def weight_matrix(wq: Tensor, groups: int) -> Tensor:
+    """Weights ``[Co, Cg, k_h, k_w]`` as ``[G, k_h*k_w*Cg, Co/G]``: rows in :func:`im2col`'s column order (kh, kw, c)."""
+    co, cg, k_h, k_w = wq.shape
+    return wq.reshape(groups, co // groups, cg, k_h, k_w).permute(0, 3, 4, 2, 1).reshape(groups, k_h * k_w * cg,
+                                                                                       co // groups)
 
 
 def _columns(xq: Tensor, k_h: int, k_w: int, geom: ConvGeometry) -> tuple[tuple[Tensor, ...], int, int]:
@@ -110,7 +117,7 @@ def conv2d_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geo
     g = geom.groups
     cols, ho, wo = _columns(xq, k_h, k_w, geom)
     # weights as [G, k_h*k_w*Cg, Cog]: column (kh, kw, c) order matches the im2col rows
-    wmat = wq.reshape(g, co // g, cg, k_h, k_w).permute(0, 3, 4, 2, 1).reshape(g, k_h * k_w * cg, co // g)
+    wmat = weight_matrix(wq, g)
     acc = torch.cat([_columns_product(cols, grp, wmat[grp], False).to(torch.float64) for grp in range(g)], dim=1)
     y = acc * (_per_channel(w_scale, co).double() * float(x_scale.reshape(-1)[0]))
     return y.to(torch.float32).reshape(n, ho, wo, co).permute(0, 3, 1, 2)
