@@ -205,7 +205,7 @@ def _qconv_im2col(xu8: Tensor, x_scale: float, wq: Tensor, w_scales: Tensor, geo
     a float64 epilogue, one rounding, cost 5.5 ms of a 30 ms 16-channel layer here)."""
     xq = conv_generic.unshift_u8(xu8)
     n = xq.shape[0]
-    co, cg, k_h, k_w = wq.shape
+    co, _, k_h, k_w = wq.shape
     g, cog = geom.groups, co // geom.groups
     cols, ho, wo = conv_generic.im2col(xq, k_h, k_w, geom)
     wmat = conv_generic.weight_matrix(wq, g)
