@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conv_utils import forward_and_input_grad_exact
 
 from inttrain.kernels import conv as K
 from inttrain.kernels import conv_reference as R
@@ -93,13 +94,7 @@ def test_layer_kernels_use_it_and_stay_exact(stride: int, monkeypatch: pytest.Mo
     calls = []
     real = native.conv2d_forward_u8s8
     monkeypatch.setattr(native, "conv2d_forward_u8s8", lambda *a, **k: calls.append(1) or real(*a, **k))
-    xq, wq = _codes(2, 16, 32, 9, 9, 3, seed=7)
-    geom = ConvGeometry((stride, stride), (1, 1), (1, 1), 1)
-    y = K.conv2d_forward(xq, ONE, wq, ONE, geom)
-    assert torch.equal(y, R.conv2d_forward(xq, ONE, wq, ONE, geom))
-    g = torch.randint(-128, 128, tuple(y.shape), dtype=torch.int16).to(torch.int8)
-    dx = K.conv2d_input_grad(g, ONE, wq, ONE, tuple(xq.shape), geom)
-    assert torch.equal(dx, R.conv2d_input_grad(g, ONE, wq, ONE, tuple(xq.shape), geom))
+    forward_and_input_grad_exact(*_codes(2, 16, 32, 9, 9, 3, seed=7), stride)
     assert len(calls) == 2
 
 

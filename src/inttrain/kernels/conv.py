@@ -185,12 +185,16 @@ def _qconv_exact(
     stride: list[int], padding: list[int], dilation: list[int], groups: int, out_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Int8 conv that is exact for any weights: the native kernel (exact int32 sums, weights packed in the
-    call), else oneDNN (splitting Cin when its float compensation could round), else -- where oneDNN's int8
-    convolution is not exact on this CPU (:func:`onednn_int8_conv_exact`) -- im2col + the exact integer GEMM.
+    call), else on CPUs without an int8 dot-product instruction the native AVX2 kernel, else oneDNN (splitting
+    Cin when its float compensation could round), else -- where oneDNN's int8 convolution is not exact on this
+    CPU (:func:`onednn_int8_conv_exact`) -- im2col + the exact integer GEMM.
     ``out_dtype``: float32, or bfloat16 (the float32 result rounded; written directly by the AMX kernel)."""
     if xu8.shape[0] > 0 and native.conv_forward_supported(int(wq.shape[1]), int(wq.shape[2]), int(wq.shape[3]), groups):
         return native.conv2d_forward_u8s8(xu8, x_scale, wq, w_scales, tuple(stride), tuple(padding), tuple(dilation),
                                           out_dtype=out_dtype)
+    if native.avx2_conv_preferred(groups, (int(wq.shape[1]) + int(wq.shape[1]) % 2) * int(wq.shape[2] * wq.shape[3])):
+        return native.conv2d_forward_avx2(xu8, x_scale, wq, w_scales, tuple(stride), tuple(padding),
+                                          tuple(dilation), out_dtype=out_dtype)
     if not onednn_int8_conv_exact():
         return _qconv_im2col(xu8, x_scale, wq, w_scales, ConvGeometry(tuple(stride), tuple(padding), tuple(dilation),
                                                                       groups), out_dtype)
@@ -641,6 +645,8 @@ def weight_grad_int(gq: Tensor, xq: Tensor, weight_shape: tuple, geom: ConvGeome
     """The exact int64 sums ``sum_{n,h,w} gq * xq`` of the CPU weight-gradient convolution, ``[Co, Cig, kh, kw]``."""
     if geom.groups == 1 and native.available():  # register-tiled VNNI kernel, no im2col (3-4x faster)
         return native.conv2d_weight_grad_int(gq, xq, weight_shape, geom.stride, geom.padding, geom.dilation)
+    if native.avx2_conv_preferred(geom.groups):  # the same without VNNI: int16 pixel pairs, no im2col
+        return native.conv2d_weight_grad_avx2(gq, xq, weight_shape, geom.stride, geom.padding, geom.dilation)
     co, cig, k_h, k_w = (int(v) for v in weight_shape)
     n, cin, h, w = xq.shape
     ho, wo = gq.shape[2], gq.shape[3]

@@ -29,7 +29,8 @@ __all__ = ["NativeLibrary", "LIBRARY", "QUANTIZE_LIBRARY", "available", "quantiz
            "conv2d_weight_grad_int", "conv2d_weight_grad_float", "quantize_rows_cols",
            "conv_forward_supported", "conv2d_forward_u8s8", "GEMM_LIBRARY", "amx_available", "int8_mm_amx",
            "CONV_AMX_LIBRARY", "conv_amx_available", "conv_kernel", "int8_mm_amx_scaled", "wide_combine",
-           "GEMM_AVX2_LIBRARY", "avx2_gemm_available", "avx2_gemm_preferred", "int8_mm_avx2"]
+           "GEMM_AVX2_LIBRARY", "avx2_gemm_available", "avx2_gemm_preferred", "int8_mm_avx2",
+           "CONV_AVX2_LIBRARY", "avx2_conv_preferred", "conv2d_forward_avx2", "conv2d_weight_grad_avx2"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
@@ -37,6 +38,7 @@ _QUANTIZE_SOURCE = Path(__file__).with_name("quantize.c")
 _GEMM_SOURCE = Path(__file__).with_name("gemm_amx.c")
 _GEMM_AVX2_SOURCE = Path(__file__).with_name("gemm_avx2.c")
 _CONV_AMX_SOURCE = Path(__file__).with_name("conv_amx.c")
+_CONV_AVX2_SOURCE = Path(__file__).with_name("conv_avx2.c")
 # -fopenmp: the parallel sections run on torch's OpenMP team (libgomp.so.1, already loaded by torch)
 _FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fopenmp", "-std=c11")
 
@@ -183,15 +185,35 @@ def _setup_gemm_avx2(lib: ctypes.CDLL) -> None:
     lib.inttrain_gemm_avx2_s8s8s32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64]
 
 
+# The forward convolutions' arguments (conv_amx.c, conv_avx2.c): x, w, x_scale, w_scale, flags, dims, scratch,
+# out, threads.
+_FORWARD_ARGTYPES = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
+                     + [ctypes.c_void_p] * 3 + [ctypes.c_int64])
+
+
+def _declare(lib: ctypes.CDLL, signatures: dict[str, tuple]) -> None:
+    """Set each entry point's ``(restype, argtypes)``."""
+    for name, (restype, argtypes) in signatures.items():
+        entry = getattr(lib, name)
+        entry.restype, entry.argtypes = restype, argtypes
+
+
 def _setup_conv_amx(lib: ctypes.CDLL) -> None:
     lib.inttrain_conv_has_amx.restype = ctypes.c_int
     if not lib.inttrain_conv_has_amx():
         raise RuntimeError("this CPU has no AMX-INT8 (or the kernel does not let this process use its tiles)")
-    lib.inttrain_conv_amx_scratch.restype = ctypes.c_int64
-    lib.inttrain_conv_amx_scratch.argtypes = [ctypes.c_void_p]
-    lib.inttrain_conv_fwd_amx_u8s8.restype = ctypes.c_int
-    lib.inttrain_conv_fwd_amx_u8s8.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p,
-                                               ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64])
+    _declare(lib, {"inttrain_conv_amx_scratch": (ctypes.c_int64, [ctypes.c_void_p]),
+                   "inttrain_conv_fwd_amx_u8s8": (ctypes.c_int, _FORWARD_ARGTYPES)})
+
+
+def _setup_conv_avx2(lib: ctypes.CDLL) -> None:
+    lib.inttrain_conv_avx2_ready.restype = ctypes.c_int
+    if not lib.inttrain_conv_avx2_ready():
+        raise RuntimeError("this CPU has no AVX2")
+    _declare(lib, {"inttrain_conv_avx2_scratch": (ctypes.c_int64, [ctypes.c_void_p]),
+                   "inttrain_conv_fwd_avx2": (ctypes.c_int, _FORWARD_ARGTYPES),
+                   "inttrain_wgrad_avx2_scratch": (None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
+                   "inttrain_wgrad_avx2": (ctypes.c_int, [ctypes.c_void_p] * 6 + [ctypes.c_int64])})
 
 
 LIBRARY = NativeLibrary(_SOURCE)
@@ -199,6 +221,7 @@ QUANTIZE_LIBRARY = NativeLibrary(_QUANTIZE_SOURCE, setup=_setup_quantize)
 GEMM_LIBRARY = NativeLibrary(_GEMM_SOURCE, setup=_setup_gemm)
 GEMM_AVX2_LIBRARY = NativeLibrary(_GEMM_AVX2_SOURCE, setup=_setup_gemm_avx2)
 CONV_AMX_LIBRARY = NativeLibrary(_CONV_AMX_SOURCE, setup=_setup_conv_amx)
+CONV_AVX2_LIBRARY = NativeLibrary(_CONV_AVX2_SOURCE, setup=_setup_conv_avx2)
 
 
 def available() -> bool:
@@ -226,6 +249,14 @@ def avx2_gemm_preferred() -> bool:
     instruction (AVX512-VNNI / AVX-VNNI), without which oneDNN's GEMM behind ``torch._int_mm`` runs a reference
     loop (4096x1024x1024: 9.0 s against 87 ms here, one thread, AMD EPYC Zen 3)."""
     return avx2_gemm_available() and not GEMM_AVX2_LIBRARY.query("inttrain_has_int8_dot")
+
+
+def avx2_conv_preferred(groups: int, terms: int = 0) -> bool:
+    """Whether the AVX2 convolutions (:func:`conv2d_forward_avx2`, :func:`conv2d_weight_grad_avx2`) are this
+    machine's int8 convolutions: the CPU has no int8 dot-product instruction (where oneDNN's int8 convolution
+    saturates, :func:`~inttrain.kernels.conv.onednn_int8_conv_exact`), the kernels run here, the convolution is
+    ungrouped and int32 holds the forward's ``terms`` (Ci rounded up to even, times KH * KW) exactly."""
+    return groups == 1 and terms <= _GEMM_MAX_K and avx2_gemm_preferred() and CONV_AVX2_LIBRARY.load() is not None
 
 
 def conv_amx_available() -> bool:
@@ -474,6 +505,39 @@ def conv2d_weight_grad_int(
     return _run_wgrad(gq, xu8, weight_shape, stride, padding, dilation, threads, None)
 
 
+def conv2d_weight_grad_avx2(
+    gq: Tensor, xu8: Tensor, weight_shape: tuple, stride: tuple[int, int], padding: tuple[int, int],
+    dilation: tuple[int, int], threads: int | None = None,
+) -> Tensor:
+    """:func:`conv2d_weight_grad_int` on AVX2 integer instructions (``conv_avx2.c``: pixel pairs in int16,
+    VPMADDWD, no im2col): exact int64 ``[Co, Ci, KH, KW]``, any channel counts.  Both operands are read
+    channels-last (other layouts are copied first).  Call only when :func:`avx2_conv_preferred` (or the library
+    loads: it runs, exactly, on any AVX2 CPU)."""
+    lib = CONV_AVX2_LIBRARY.load()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {CONV_AVX2_LIBRARY.reason}")
+    _check_input_codes(xu8, gq, torch.int8, "int8")
+    co, ci, kh, kw = (int(v) for v in weight_shape)
+    n, _, h, w = (int(v) for v in xu8.shape)
+    out = torch.empty((co, ci, kh, kw), dtype=torch.int64)
+    if n == 0 or out.numel() == 0:
+        return out.zero_()
+    g = gq.contiguous(memory_format=torch.channels_last)  # held: C reads them
+    x = xu8.contiguous(memory_format=torch.channels_last)
+    dims = _int64_array([n, co, ci, kh, kw, h, w, int(g.shape[2]), int(g.shape[3]), *padding, *stride, *dilation,
+                         int(x.dtype == torch.int8)])
+    threads = threads or torch.get_num_threads()
+    sizes = (ctypes.c_int64 * 2)()
+    lib.inttrain_wgrad_avx2_scratch(dims, threads, sizes)
+    work = scratch((int(sizes[0]) // 2,), torch.int16, g.device)
+    partial = scratch((int(sizes[1]) // 8,), torch.int64, g.device)
+    status = lib.inttrain_wgrad_avx2(g.data_ptr(), x.data_ptr(), dims, work.data_ptr(), partial.data_ptr(),
+                                     out.data_ptr(), threads)
+    if status != 0:
+        raise RuntimeError(f"native AVX2 weight gradient failed (status {status})")
+    return out
+
+
 def conv2d_weight_grad_float(
     dy: Tensor, g_scale: Tensor, qmax: int, stochastic: bool, seed: int, xu8: Tensor, weight_shape: tuple,
     stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], threads: int | None = None,
@@ -507,6 +571,28 @@ def conv_forward_supported(ci: int, kh: int, kw: int, groups: int) -> bool:
     return groups == 1 and ci % 4 == 0 and ci * kh * kw <= _FWD_MAX_TERMS and available()
 
 
+def _forward_operands(xu8: Tensor, x_scale: float, wq: Tensor, w_scale: Tensor, stride: tuple[int, int],
+                      padding: tuple[int, int], dilation: tuple[int, int], out_dtype: torch.dtype, direct: bool,
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple, ctypes.Array]:
+    """The checks and operands of the native forward convolutions: (out, x, w, scale, (x_scale, scale pointer,
+    flags, dims), dims); ``out`` is float32 unless ``direct`` (the kernel writes ``out_dtype`` itself)."""
+    if xu8.dtype != torch.uint8 or wq.dtype != torch.int8 or {xu8.device.type, wq.device.type} != {"cpu"}:
+        raise TypeError(f"expected CPU uint8 codes and int8 weights, got {xu8.dtype} and {wq.dtype}")
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+    n, ci, h, w = (int(v) for v in xu8.shape)
+    co, _, kh, kw = (int(v) for v in wq.shape)
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = torch.empty((n, co, ho, wo), dtype=out_dtype if direct else torch.float32, memory_format=torch.channels_last)
+    x, w_codes = xu8.contiguous(memory_format=torch.channels_last), wq.contiguous()  # held: C reads them
+    scale = w_scale.reshape(-1).to(torch.float32).contiguous()
+    dims = _int64_array([n, ci, h, w, co, kh, kw, ho, wo, ph, pw, sh, sw, dh, dw])
+    args = (float(x_scale), scale.data_ptr(), _PER_CHANNEL if scale.numel() > 1 else 0, dims)
+    return out, x, w_codes, scale, args, dims
+
+
 def conv2d_forward_u8s8(
     xu8: Tensor, x_scale: float, wq: Tensor, w_scale: Tensor, stride: tuple[int, int], padding: tuple[int, int],
     dilation: tuple[int, int], threads: int | None = None, out_dtype: torch.dtype = torch.float32,
@@ -521,24 +607,13 @@ def conv2d_forward_u8s8(
     lib = LIBRARY.load()
     if lib is None:
         raise RuntimeError(f"native kernels unavailable: {LIBRARY.reason}")
-    if xu8.dtype != torch.uint8 or wq.dtype != torch.int8 or {xu8.device.type, wq.device.type} != {"cpu"}:
-        raise TypeError(f"expected CPU uint8 codes and int8 weights, got {xu8.dtype} and {wq.dtype}")
-    n, ci, h, w = (int(v) for v in xu8.shape)
-    co, _, kh, kw = (int(v) for v in wq.shape)
-    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    if out_dtype not in (torch.float32, torch.bfloat16):
-        raise TypeError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
-    amx = conv_kernel("forward", ci, stride, dilation) == "amx"
+    amx = conv_kernel("forward", int(xu8.shape[1]), stride, dilation) == "amx"
     direct = out_dtype == torch.float32 or amx  # the AMX kernel writes bfloat16 itself
-    out = torch.empty((n, co, ho, wo), dtype=out_dtype if direct else torch.float32, memory_format=torch.channels_last)
+    out, x, w_codes, _scale, args, dims = _forward_operands(xu8, x_scale, wq, w_scale, stride, padding, dilation,
+                                                            out_dtype, direct)
     if out.numel() == 0:
         return out.to(out_dtype)
-    x, w_codes = xu8.contiguous(memory_format=torch.channels_last), wq.contiguous()  # held: C reads them
-    scale = w_scale.reshape(-1).to(torch.float32).contiguous()
-    dims = _int64_array([n, ci, h, w, co, kh, kw, ho, wo, ph, pw, sh, sw, dh, dw])
-    args = (float(x_scale), scale.data_ptr(), _PER_CHANNEL if scale.numel() > 1 else 0, dims)
+    n, ci, h, w, co, _, kw, _, wo, ph, pw, sh, sw, _, dw = dims
     threads = threads or torch.get_num_threads()
     if amx:  # AMX tiles (conv_amx.c), which write bfloat16 themselves
         lib_amx = CONV_AMX_LIBRARY.load()
@@ -559,6 +634,30 @@ def conv2d_forward_u8s8(
     if status != 0:
         raise RuntimeError(f"native convolution failed (status {status})")
     return out if direct else out.to(out_dtype)
+
+
+def conv2d_forward_avx2(
+    xu8: Tensor, x_scale: float, wq: Tensor, w_scale: Tensor, stride: tuple[int, int], padding: tuple[int, int],
+    dilation: tuple[int, int], threads: int | None = None, out_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """:func:`conv2d_forward_u8s8` on AVX2 integer instructions (``conv_avx2.c``: int16 codes, VPMADDWD, no
+    im2col), bit for bit the same result, any number of input channels.  Call only when
+    :func:`avx2_conv_preferred` (or the library loads: it runs, exactly, on any AVX2 CPU)."""
+    lib = CONV_AVX2_LIBRARY.load()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {CONV_AVX2_LIBRARY.reason}")
+    out, x, w_codes, _scale, args, dims = _forward_operands(xu8, x_scale, wq, w_scale, stride, padding, dilation,
+                                                            out_dtype, direct=False)
+    if out.numel() == 0:
+        return out.to(out_dtype)
+    if (dims[1] + dims[1] % 2) * dims[5] * dims[6] > _GEMM_MAX_K:
+        raise ValueError(f"a reduction of {dims[1] * dims[5] * dims[6]} terms does not fit int32 exactly")
+    xp = scratch((lib.inttrain_conv_avx2_scratch(dims) // 2,), torch.int16, xu8.device)
+    status = lib.inttrain_conv_fwd_avx2(x.data_ptr(), w_codes.data_ptr(), *args, xp.data_ptr(), out.data_ptr(),
+                                        threads or torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"native AVX2 convolution failed (status {status})")
+    return out.to(out_dtype)
 
 
 def wide_combine(parts: list[tuple[float, Tensor]], channels: int, scale: Tensor, base: float,

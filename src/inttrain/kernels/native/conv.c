@@ -38,6 +38,7 @@
 #include "amx_tiles.h"
 #include "padded_copy.h"
 #include "simd_quantize.h"
+#include "tile_pixels.h"
 
 #define TILE_J 24 /* weight columns per register tile: 24 accumulators + g + broadcast */
 
@@ -715,16 +716,9 @@ typedef struct {
 #define FWD_TILE(NAME, V, P)                                                                                     \
     FWD_TARGET static void NAME(const fwd_job *j, int64_t m0, int64_t cot0) {                                 \
         const uint8_t *base[P];                                                                                  \
-        const int64_t plane = j->ho * j->wo;                                                                     \
-        /* one division for the tile's first pixel, then steps (divisions per pixel cost ~10% on 1x1 layers) */ \
-        int64_t img = m0 / plane, oh = (m0 % plane) / j->wo, ow = (m0 % plane) % j->wo;                          \
-        for (int p = 0; p < (P); ++p) {                                                                          \
-            base[p] = j->xp + ((img * j->hp + oh * j->sh) * j->wp_w + ow * j->sw) * j->ci;                       \
-            if (m0 + p + 1 < j->total && ++ow == j->wo) { /* past the end: the last pixel again */              \
-                ow = 0;                                                                                          \
-                if (++oh == j->ho) oh = 0, ++img;                                                                \
-            }                                                                                                    \
-        }                                                                                                        \
+        int64_t at[P];                                                                                           \
+        tile_pixel_offsets(m0, (P), j->total, j->ho, j->wo, j->hp, j->wp_w, j->sh, j->sw, j->ci, at);           \
+        for (int p = 0; p < (P); ++p) base[p] = j->xp + at[p];                                                   \
         __m512i acc[V][P];                                                                                       \
         for (int v = 0; v < (V); ++v)                                                                            \
             for (int p = 0; p < (P); ++p) acc[v][p] = _mm512_setzero_si512();                                    \
