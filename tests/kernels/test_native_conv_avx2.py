@@ -12,6 +12,9 @@ from inttrain.kernels import conv as K
 from inttrain.kernels import conv_reference as R
 from inttrain.kernels import native
 from inttrain.kernels.conv_geometry import ConvGeometry
+from inttrain.kernels.fused import quantize_matrix
+from inttrain.spec import PerChannel, PerTensor, QuantSpec, Rounding
+from inttrain.spec.formats import IntFormat
 
 pytestmark = pytest.mark.skipif(native.CONV_AVX2_LIBRARY.load() is None,
                                 reason=f"AVX2 convolution unavailable: {native.CONV_AVX2_LIBRARY.reason}")
@@ -149,3 +152,53 @@ def test_layer_weight_grad_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
     got = K.conv2d_weight_grad(gq, ONE, K.to_shifted_u8(xq), ONE, tuple(wq.shape), geom)
     assert torch.equal(got, R.conv2d_weight_grad(gq, ONE, xq, ONE, tuple(wq.shape), geom))
     assert calls == [1]
+
+
+def _float_gradient(geometry: tuple, seed: int, dtype: torch.dtype) -> tuple:
+    n, ci, co, h, w, k, s, p, d = geometry
+    xq, _ = _codes(n, ci, co, h, w, k, seed)
+    geom = ConvGeometry((s, s), (p, p), (d, d), 1)
+    ho, wo = (h + 2 * p - d * (k - 1) - 1) // s + 1, (w + 2 * p - d * (k - 1) - 1) // s + 1
+    gen = torch.Generator().manual_seed(seed)
+    dy = (torch.randn((n, co, ho, wo), generator=gen) * torch.rand((1, co, 1, 1), generator=gen)).to(dtype)
+    return xq, dy, geom, (co, ci, k, k)
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES[:6])
+@pytest.mark.parametrize("rounding", [Rounding.NEAREST_EVEN, Rounding.STOCHASTIC])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float_weight_grad_equals_quantize_matrix_then_the_code_kernel(
+        geometry: tuple, rounding: Rounding, per_channel: bool, dtype: torch.dtype) -> None:
+    """The codes made while packing are quantize_matrix's on dy's channels-last [N*Ho*Wo, Co] rows, bit for bit
+    (nearest-even and the stochastic-rounding hash, per channel and per tensor, float32 and bfloat16 dy)."""
+    xq, dy, geom, wshape = _float_gradient(geometry, sum(geometry), dtype)
+    spec = QuantSpec(IntFormat(8), PerChannel() if per_channel else PerTensor(), rounding)
+    seed = 0xDEADBEEF
+    rows = dy.float().permute(0, 2, 3, 1).reshape(-1, dy.shape[1]).contiguous()
+    codes, scale = quantize_matrix(rows, spec, 1, seed=seed)
+    gq = codes.reshape(dy.shape[0], dy.shape[2], dy.shape[3], -1).permute(0, 3, 1, 2)
+    xu8 = K.to_shifted_u8(xq)
+    want = native.conv2d_weight_grad_avx2(gq, xu8, wshape, geom.stride, geom.padding, geom.dilation)
+    got = native.conv2d_weight_grad_float_avx2(dy, scale, 127, rounding is Rounding.STOCHASTIC, seed, xu8, wshape,
+                                               geom.stride, geom.padding, geom.dilation)
+    assert torch.equal(got, want)
+    assert torch.equal(want, _weight_grad_reference(gq, xq, wshape, geom))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_layer_float_weight_grad_uses_it_and_equals_the_torch_path(bits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernels.conv's float-gradient weight gradient takes it where it is preferred (forced here) and gives the torch
+    path's result bit for bit (stochastic rounding, 4- and 8-bit gradient codes)."""
+    xq, dy, geom, wshape = _float_gradient(GEOMETRIES[2], 5, torch.float32)
+    scale = torch.rand(wshape[0], generator=torch.Generator().manual_seed(2)) * 0.02 + 0.001
+    xu8, sx, qmax = K.to_shifted_u8(xq), torch.tensor([0.02]), 2 ** (bits - 1) - 1
+    calls = []
+    real = native.conv2d_weight_grad_float_avx2
+    monkeypatch.setattr(native, "available", lambda: False)  # not the VNNI kernel
+    monkeypatch.setattr(native, "avx2_conv_preferred", lambda *a: False)
+    slow = K.conv2d_weight_grad_float(dy, scale, qmax, True, 77, xu8, sx, wshape, geom)
+    monkeypatch.setattr(native, "avx2_conv_preferred", lambda *a: True)
+    monkeypatch.setattr(native, "conv2d_weight_grad_float_avx2", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fast = K.conv2d_weight_grad_float(dy, scale, qmax, True, 77, xu8, sx, wshape, geom)
+    assert calls == [1] and fast.dtype == torch.float32 and torch.equal(fast, slow)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -623,15 +624,16 @@ def conv2d_weight_grad_float(
     stochastically with ``seed``, exactly the codes of :func:`inttrain.kernels.fused.quantize_matrix` on dy's
     channels-last ``[N*Ho*Wo, Co]`` view with that scale.
 
-    On CPUs with the native kernel the codes are made while the kernel packs the gradient (no pass that
-    writes them, and the stochastic-rounding hash in AVX512 integer lanes); elsewhere they are made here and
-    handed to :func:`conv2d_weight_grad`.  Both give the same result bit for bit.
+    On CPUs with a native kernel (VNNI, or AVX2 without an int8 dot product) the codes are made while the kernel
+    packs the gradient (no pass that writes them, and the stochastic-rounding hash in AVX512 / AVX2 integer
+    lanes); elsewhere they are made here and handed to :func:`conv2d_weight_grad`.  All give the same result bit
+    for bit.
     """
-    if geom.groups == 1 and _on_cpu(dy, xq) and qmax <= 127 and native.available():
+    if _on_cpu(dy, xq) and qmax <= 127 and (kernel := _float_weight_grad_kernel(geom.groups)) is not None:
         count("conv_wgrad")
         dy_in = dy if dy.dtype == torch.bfloat16 else dy.to(torch.float32)  # the kernel reads bfloat16 itself
-        dw_int = native.conv2d_weight_grad_float(
-            dy_in, g_scale, qmax, stochastic, seed, xq, weight_shape, geom.stride, geom.padding, geom.dilation)
+        dw_int = kernel(dy_in, g_scale, qmax, stochastic, seed, xq, weight_shape, geom.stride, geom.padding,
+                        geom.dilation)
         return _scaled_weight_grad(dw_int, g_scale, x_scale)
     fmt = IntFormat(qmax.bit_length() + 1)  # the symmetric signed format whose largest code is qmax
     rows = dy.to(torch.float32).permute(0, 2, 3, 1).reshape(-1, dy.shape[1])
@@ -639,6 +641,13 @@ def conv2d_weight_grad_float(
                             Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN, seed)
     gq = codes.to(storage_dtype(fmt)).reshape(dy.shape[0], dy.shape[2], dy.shape[3], -1).permute(0, 3, 1, 2)
     return conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
+
+
+def _float_weight_grad_kernel(groups: int) -> Callable | None:
+    """The native kernel that quantizes a float gradient while it packs it, where one runs: VNNI, else AVX2."""
+    if groups == 1 and native.available():
+        return native.conv2d_weight_grad_float
+    return native.conv2d_weight_grad_float_avx2 if native.avx2_conv_preferred(groups) else None
 
 
 def weight_grad_int(gq: Tensor, xq: Tensor, weight_shape: tuple, geom: ConvGeometry) -> Tensor:

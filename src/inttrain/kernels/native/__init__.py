@@ -30,7 +30,8 @@ __all__ = ["NativeLibrary", "LIBRARY", "QUANTIZE_LIBRARY", "available", "quantiz
            "conv_forward_supported", "conv2d_forward_u8s8", "GEMM_LIBRARY", "amx_available", "int8_mm_amx",
            "CONV_AMX_LIBRARY", "conv_amx_available", "conv_kernel", "int8_mm_amx_scaled", "wide_combine",
            "GEMM_AVX2_LIBRARY", "avx2_gemm_available", "avx2_gemm_preferred", "int8_mm_avx2",
-           "CONV_AVX2_LIBRARY", "avx2_conv_preferred", "conv2d_forward_avx2", "conv2d_weight_grad_avx2"]
+           "CONV_AVX2_LIBRARY", "avx2_conv_preferred", "conv2d_forward_avx2", "conv2d_weight_grad_avx2",
+           "conv2d_weight_grad_float_avx2"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
@@ -213,7 +214,9 @@ def _setup_conv_avx2(lib: ctypes.CDLL) -> None:
     _declare(lib, {"inttrain_conv_avx2_scratch": (ctypes.c_int64, [ctypes.c_void_p]),
                    "inttrain_conv_fwd_avx2": (ctypes.c_int, _FORWARD_ARGTYPES),
                    "inttrain_wgrad_avx2_scratch": (None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
-                   "inttrain_wgrad_avx2": (ctypes.c_int, [ctypes.c_void_p] * 6 + [ctypes.c_int64])})
+                   "inttrain_wgrad_avx2": (ctypes.c_int, [ctypes.c_void_p] * 6 + [ctypes.c_int64]),
+                   "inttrain_wgrad_f32_avx2": (ctypes.c_int, [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4
+                                               + [ctypes.c_void_p] * 5 + [ctypes.c_int64])})
 
 
 LIBRARY = NativeLibrary(_SOURCE)
@@ -513,16 +516,44 @@ def conv2d_weight_grad_avx2(
     VPMADDWD, no im2col): exact int64 ``[Co, Ci, KH, KW]``, any channel counts.  Both operands are read
     channels-last (other layouts are copied first).  Call only when :func:`avx2_conv_preferred` (or the library
     loads: it runs, exactly, on any AVX2 CPU)."""
+    _check_input_codes(xu8, gq, torch.int8, "int8")
+    return _run_wgrad_avx2(gq, xu8, weight_shape, stride, padding, dilation, threads, None)
+
+
+def conv2d_weight_grad_float_avx2(
+    dy: Tensor, g_scale: Tensor, qmax: int, stochastic: bool, seed: int, xu8: Tensor, weight_shape: tuple,
+    stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], threads: int | None = None,
+) -> Tensor:
+    """:func:`conv2d_weight_grad_float` on AVX2 (the gradient quantized while the kernel packs it, the same codes
+    bit for bit).  Call only when :func:`avx2_conv_preferred`."""
+    _check_input_codes(xu8, dy, torch.bfloat16 if dy.dtype == torch.bfloat16 else torch.float32, "float32/bfloat16")
+    return _run_wgrad_avx2(dy, xu8, weight_shape, stride, padding, dilation, threads,
+                           _float_gradient_args(dy, g_scale, qmax, stochastic, seed, int(weight_shape[0])))
+
+
+def _float_gradient_args(dy: Tensor, g_scale: Tensor, qmax: int, stochastic: bool, seed: int,
+                         co: int) -> tuple[Tensor, int, int, int, int]:
+    """The float-gradient arguments of the native weight gradients: (scales, flags, qmax, stochastic, seed)."""
+    if not 1 <= qmax <= 127:
+        raise ValueError(f"qmax must be in [1, 127] (int8 codes), got {qmax}")
+    scale = g_scale.reshape(-1).to(torch.float32).contiguous()
+    if scale.numel() not in (1, co):
+        raise ValueError(f"g_scale has {scale.numel()} values, expected 1 or {co}")
+    flags = (_PER_CHANNEL if scale.numel() == co and co > 1 else 0) | (_BFLOAT16 if dy.dtype == torch.bfloat16 else 0)
+    return scale, flags, int(qmax), int(stochastic), int(seed) & 0xFFFFFFFF
+
+
+def _run_wgrad_avx2(g: Tensor, xu8: Tensor, weight_shape: tuple, stride: tuple[int, int], padding: tuple[int, int],
+                    dilation: tuple[int, int], threads: int | None, float_args: tuple | None) -> Tensor:
     lib = CONV_AVX2_LIBRARY.load()
     if lib is None:
         raise RuntimeError(f"native kernels unavailable: {CONV_AVX2_LIBRARY.reason}")
-    _check_input_codes(xu8, gq, torch.int8, "int8")
     co, ci, kh, kw = (int(v) for v in weight_shape)
     n, _, h, w = (int(v) for v in xu8.shape)
     out = torch.empty((co, ci, kh, kw), dtype=torch.int64)
     if n == 0 or out.numel() == 0:
         return out.zero_()
-    g = gq.contiguous(memory_format=torch.channels_last)  # held: C reads them
+    g = g.contiguous(memory_format=torch.channels_last)  # held: C reads them
     x = xu8.contiguous(memory_format=torch.channels_last)
     dims = _int64_array([n, co, ci, kh, kw, h, w, int(g.shape[2]), int(g.shape[3]), *padding, *stride, *dilation,
                          int(x.dtype == torch.int8)])
@@ -531,8 +562,12 @@ def conv2d_weight_grad_avx2(
     lib.inttrain_wgrad_avx2_scratch(dims, threads, sizes)
     work = scratch((int(sizes[0]) // 2,), torch.int16, g.device)
     partial = scratch((int(sizes[1]) // 8,), torch.int64, g.device)
-    status = lib.inttrain_wgrad_avx2(g.data_ptr(), x.data_ptr(), dims, work.data_ptr(), partial.data_ptr(),
-                                     out.data_ptr(), threads)
+    tail = (x.data_ptr(), dims, work.data_ptr(), partial.data_ptr(), out.data_ptr(), threads)
+    if float_args is None:
+        status = lib.inttrain_wgrad_avx2(g.data_ptr(), *tail)
+    else:
+        scale, *rest = float_args
+        status = lib.inttrain_wgrad_f32_avx2(g.data_ptr(), scale.data_ptr(), *rest, *tail)
     if status != 0:
         raise RuntimeError(f"native AVX2 weight gradient failed (status {status})")
     return out
@@ -550,14 +585,8 @@ def conv2d_weight_grad_float(
     that scale.  Call only when :func:`available`.
     """
     _check_input_codes(xu8, dy, torch.bfloat16 if dy.dtype == torch.bfloat16 else torch.float32, "float32/bfloat16")
-    if not 1 <= qmax <= 127:
-        raise ValueError(f"qmax must be in [1, 127] (int8 codes), got {qmax}")
-    co = int(weight_shape[0])
-    scale = g_scale.reshape(-1).to(torch.float32).contiguous()
-    if scale.numel() not in (1, co):
-        raise ValueError(f"g_scale has {scale.numel()} values, expected 1 or {co}")
-    flags = (_PER_CHANNEL if scale.numel() == co and co > 1 else 0) | (_BFLOAT16 if dy.dtype == torch.bfloat16 else 0)
-    float_args = (scale.data_ptr(), flags, int(qmax), int(stochastic), int(seed) & 0xFFFFFFFF)
+    scale, *rest = _float_gradient_args(dy, g_scale, qmax, stochastic, seed, int(weight_shape[0]))
+    float_args = (scale.data_ptr(), *rest)
     return _run_wgrad(dy, xu8, weight_shape, stride, padding, dilation, threads, float_args)
 
 

@@ -31,6 +31,7 @@
 #include <omp.h>
 #endif
 
+#include "simd_quantize.h"
 #include "tile_pixels.h"
 
 #define AVX2 __attribute__((target("avx2")))
@@ -199,7 +200,12 @@ int inttrain_conv_fwd_avx2(const uint8_t *x, const int8_t *w, float x_scale, con
 
 typedef struct {
     const uint8_t *x;   /* channels-last [N][H][W][Ci]: q + 128 (uint8), or q when x_signed */
-    const int8_t *g;    /* channels-last [N][Ho][Wo][Co] */
+    const int8_t *g;    /* channels-last [N][Ho][Wo][Co]; NULL when gf is given */
+    const void *gf;     /* or the float gradient, channels-last, quantized while it is packed */
+    const float *gscale; /* gf's scales: one per output channel, or one */
+    int64_t gf_bf16, per_channel, sr; /* gf holds bfloat16; one scale per channel; stochastic rounding */
+    uint32_t seed;
+    float qmax;
     int64_t n, co, ci, kh, kw, h, w, ho, wo, ph, pw, sh, sw, dh, dw, x_signed;
     int64_t co4, ci8, wo2, hp, wx, chunk; /* derived in wgrad_geometry */
 } wgrad_avx2;
@@ -273,8 +279,70 @@ AVX2 static void pack_input_pairs(const wgrad_avx2 *j, int64_t img0, int64_t m, 
     }
 }
 
+/* The codes of channels c0 .. c0 + 7 of gradient pixel `pixel` (its index in [N*Ho*Wo]), quantized from gf with
+ * simd_quantize.h's numerics (the element index that of the channels-last [N*Ho*Wo, Co] matrix); 0 past Co. */
+AVX2 static __m128i float_codes8(const wgrad_avx2 *j, int64_t pixel, int64_t c0) {
+    const int64_t at = pixel * j->co + c0, live = j->co - c0 < 8 ? j->co - c0 : 8;
+    __m256 v, s;
+    if (live == 8) {
+        if (j->gf_bf16) /* bfloat16 -> float32: the 16 bits become the high half */
+            v = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)((const uint16_t *)j->gf + at))), 16));
+        else
+            v = _mm256_loadu_ps((const float *)j->gf + at);
+        s = j->per_channel ? _mm256_loadu_ps(j->gscale + c0) : _mm256_set1_ps(j->gscale[0]);
+    } else {
+        float vb[8] = {0}, sb[8];
+        for (int64_t l = 0; l < 8; ++l) {
+            sb[l] = l < live && j->per_channel ? j->gscale[c0 + l] : j->gscale[0];
+            if (l < live && j->gf_bf16) {
+                const uint32_t bits = (uint32_t)((const uint16_t *)j->gf)[at + l] << 16;
+                memcpy(&vb[l], &bits, 4);
+            } else if (l < live) {
+                vb[l] = ((const float *)j->gf)[at + l];
+            }
+        }
+        v = _mm256_loadu_ps(vb), s = _mm256_loadu_ps(sb); /* v = 0 gives code 0 in either rounding */
+    }
+    const __m256 qmax = _mm256_set1_ps(j->qmax);
+    __m256i c;
+    if (j->sr) {
+        const __m256 u = uniform8((uint32_t)at, j->seed);
+        c = codes8(v, s, &u, qmax);
+    } else {
+        c = codes8(v, s, NULL, qmax);
+    }
+    /* int32 lanes in [-127, 127] -> 8 int16 */
+    return _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+}
+
+/* gq2 rows of a float gradient: the pair's codes, interleaved. */
+AVX2 static void pack_float_gradient_pairs(const wgrad_avx2 *j, int64_t img0, int64_t m, int16_t *gq2) {
+    for (int64_t r = 0; r < m * j->ho; ++r) {
+        const int64_t pixel0 = (img0 * j->ho + r) * j->wo;
+        int16_t *row = gq2 + r * j->wo2 * j->co4 * 2;
+        for (int64_t p = 0; p < j->wo2; ++p) {
+            int16_t *dst = row + p * j->co4 * 2;
+            const int second = 2 * p + 1 < j->wo;
+            for (int64_t c0 = 0; c0 < j->co4; c0 += 8) {
+                const __m128i a = float_codes8(j, pixel0 + 2 * p, c0);
+                const __m128i b = second ? float_codes8(j, pixel0 + 2 * p + 1, c0) : _mm_setzero_si128();
+                int16_t pairs[16];
+                _mm_storeu_si128((void *)pairs, _mm_unpacklo_epi16(a, b));
+                _mm_storeu_si128((void *)(pairs + 8), _mm_unpackhi_epi16(a, b));
+                const int64_t n = j->co4 - c0 < 8 ? j->co4 - c0 : 8; /* Co4 may end mid-block (4 past 8k) */
+                memcpy(dst + 2 * c0, pairs, (size_t)n * 4);
+            }
+        }
+    }
+}
+
 /* The chunk's packed gradient: gq2[img][oh][pair][co][2] = (g[oh][2 pair][co], g[oh][2 pair + 1][co]). */
 AVX2 static void pack_gradient_pairs(const wgrad_avx2 *j, int64_t img0, int64_t m, int16_t *gq2) {
+    if (j->gf) {
+        pack_float_gradient_pairs(j, img0, m, gq2);
+        return;
+    }
     const int64_t co = j->co, co4 = j->co4;
     for (int64_t r = 0; r < m * j->ho; ++r) {
         const int8_t *src = j->g + (img0 * j->ho + r) * j->wo * co;
@@ -339,12 +407,10 @@ WGRAD_TILE(wgrad_tile_v3, 3)
  * g: int8 channels-last [N][Ho][Wo][Co]; x: channels-last [N][H][W][Ci], uint8 q + 128 or (x_signed) int8 q;
  * scratch, partial: inttrain_wgrad_avx2_scratch's bytes; out: int64 [Co][Ci][KH][KW], written.
  * Returns 0 on success, 1 when the CPU lacks AVX2. */
-int inttrain_wgrad_avx2(const int8_t *g, const void *x, const int64_t *dims, int16_t *scratch, int64_t *partial,
-                        int64_t *out, int64_t threads) {
+static int run_wgrad_avx2(wgrad_avx2 job, const int64_t *dims, int16_t *scratch, int64_t *partial, int64_t *out,
+                          int64_t threads) {
     if (!inttrain_conv_avx2_ready()) return 1;
-    wgrad_avx2 job;
     wgrad_from_dims(&job, dims);
-    job.g = g, job.x = x;
     threads = threads < 1 ? 1 : threads;
     const int64_t taps = job.kh * job.kw, part = job.co4 * taps * job.ci8;
     const int64_t per_thread = job.chunk * (job.hp * job.wx * job.ci8 + job.ho * job.wo2 * job.co4) * 2;
@@ -385,4 +451,26 @@ int inttrain_wgrad_avx2(const int8_t *g, const void *x, const int64_t *dims, int
                 out[(o * job.ci + k) * taps + tap] = s;
             }
     return 0;
+}
+
+int inttrain_wgrad_avx2(const int8_t *g, const void *x, const int64_t *dims, int16_t *scratch, int64_t *partial,
+                        int64_t *out, int64_t threads) {
+    wgrad_avx2 job;
+    memset(&job, 0, sizeof job);
+    job.g = g, job.x = x;
+    return run_wgrad_avx2(job, dims, scratch, partial, out, threads);
+}
+
+/* inttrain_wgrad_avx2 on a float32 gradient gf, channels-last [N][Ho][Wo][Co], quantized while it is packed:
+ * code = clamp(round(gf / s), -qmax, qmax), s = gscale[co] (flags bit 0) or gscale[0], rounded to nearest even
+ * or stochastically (sr) with seed -- conv.c's inttrain_wgrad_f32 numerics, bit for bit; flags bit 1: gf holds
+ * bfloat16 values (read as their float32 upcast, exactly).  qmax <= 127. */
+int inttrain_wgrad_f32_avx2(const void *gf, const float *gscale, int64_t flags, int64_t qmax, int64_t sr, int64_t seed,
+                            const void *x, const int64_t *dims, int16_t *scratch, int64_t *partial, int64_t *out,
+                            int64_t threads) {
+    wgrad_avx2 job;
+    memset(&job, 0, sizeof job);
+    job.gf = gf, job.gscale = gscale, job.per_channel = flags & 1, job.gf_bf16 = (flags >> 1) & 1;
+    job.qmax = (float)qmax, job.sr = sr, job.seed = (uint32_t)seed, job.x = x;
+    return run_wgrad_avx2(job, dims, scratch, partial, out, threads);
 }
