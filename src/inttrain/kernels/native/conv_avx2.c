@@ -189,12 +189,15 @@ int inttrain_conv_fwd_avx2(const uint8_t *x, const int8_t *w, float x_scale, con
  * VPMADDWD adds the products of an int16 pair, so the pairs run along the reduction: two horizontally adjacent
  * gradient pixels (ow, ow + 1), whose input pixels at any tap are sw columns apart.  Per image chunk (sized to
  * stay in L2) each thread packs
- *   gq2  int16 [m][Ho][Wo2][Co4][2]     (g[ow][co], g[ow + 1][co]): one int32 broadcast per (pair, channel);
- *                                       zeros past Wo and Co (Wo2 = ceil(Wo / 2), Co4 = Co rounded up to 4)
- *   xq2  int16 [m][Hp][Wx][Ci8][2]      (q[c][ci], q[c + sw][ci]) of the zero-padded input, zeros outside and
- *                                       past Ci (Ci8 = Ci rounded up to 8): one ymm load per (column, 8 channels)
- * and a register tile of 4 output channels x V blocks of 8 input channels at one tap runs over every pixel pair
- * of the chunk: per pair V loads, 4 broadcasts, 4 V VPMADDWD.  No im2col.  Each chunk's int32 sums (at most
+ *   gq2  int16 [block][m][Ho][Wo2][rows][2]   (g[ow][co], g[ow + 1][co]) of a block's 6 (or 4) output channels:
+ *                                       one int32 broadcast per (pair, channel); zeros past Wo and Co
+ *                                       (Wo2 = ceil(Wo / 2), Co4 = Co rounded up to 4)
+ *   xq2  int16 [Ci8 / 8][m][Hp][Wx][8][2]   (q[c][ci], q[c + sw][ci]) of the zero-padded input in planes of 8
+ *                                       channels, zeros outside and past Ci (Ci8 = Ci rounded up to 8): one ymm
+ *                                       load per (column, 8 channels)
+ * and a register tile of 6 (or 4) output channels x V blocks of 8 input channels at one tap runs over every pixel
+ * pair of the chunk: per pair V loads, 6 broadcasts, 6 V VPMADDWD; the taps of one block pair run back to back,
+ * so their passes read the same panels (from L1 when the chunk is small enough).  No im2col.  Each chunk's int32 sums (at most
  * 2^16 pairs of products |g q| <= 2^14 per lane: exact) go into the thread's int64 sums, added up at the end.
  */
 
@@ -233,27 +236,25 @@ static void wgrad_from_dims(wgrad_avx2 *j, const int64_t *dims) {
 void inttrain_wgrad_avx2_scratch(const int64_t *dims, int64_t threads, int64_t *out) {
     wgrad_avx2 j;
     wgrad_from_dims(&j, dims);
-    const int64_t per_thread = j.chunk * (j.hp * j.wx * j.ci8 + j.ho * j.wo2 * j.co4) * 2 * 2;
+    const int64_t per_thread = (j.chunk * (j.hp * j.wx * j.ci8 + j.ho * j.wo2 * j.co4) * 2 + j.co4 * 2) * 2;
     out[0] = per_thread * (threads < 1 ? 1 : threads);
     out[1] = (threads < 1 ? 1 : threads) * j.co4 * j.kh * j.kw * j.ci8 * 8;
 }
 
-/* The chunk's packed input: xq2[img][y][c][ci][2] = (q[y][c][ci], q[y][c + sw][ci]) on the padded grid. */
+/* The chunk's packed input: xq2[ci / 8][img][y][c][ci % 8][2] = (q[y][c][ci], q[y][c + sw][ci]) on the padded
+ * grid, one plane of 8 channels after another (a tile's pass reads whole cache lines of its channels). */
 AVX2 static void pack_input_pairs(const wgrad_avx2 *j, int64_t img0, int64_t m, int16_t *xq2) {
-    const int64_t ci = j->ci, ci8 = j->ci8, shift = j->x_signed ? 0 : 128, wp = j->w + 2 * j->pw;
-    const __m128i bias = _mm_set1_epi16((short)shift);
+    const int64_t ci = j->ci, ci8 = j->ci8, wp = j->w + 2 * j->pw, plane = m * j->hp * j->wx * 16;
+    const __m128i bias = _mm_set1_epi16((short)(j->x_signed ? 0 : 128));
     for (int64_t r = 0; r < m * j->hp; ++r) {
         const int64_t img = img0 + r / j->hp, y = r % j->hp - j->ph;
-        int16_t *row = xq2 + r * j->wx * ci8 * 2;
-        if (y < 0 || y >= j->h) {
-            memset(row, 0, (size_t)(j->wx * ci8 * 4));
-            continue;
-        }
         const uint8_t *src = j->x + (img * j->h + y) * j->w * ci;
         for (int64_t c = 0; c < j->wx; ++c) {
-            int16_t *dst = row + c * ci8 * 2;
+            int16_t *dst = xq2 + (r * j->wx + c) * 16; /* in plane 0; plane k at + k * plane */
             const int64_t x0 = c - j->pw, x1 = c + j->sw - j->pw; /* input columns of the pair */
-            const int in0 = c < wp && x0 >= 0 && x0 < j->w, in1 = c + j->sw < wp && x1 >= 0 && x1 < j->w;
+            const int row_in = y >= 0 && y < j->h;
+            const int in0 = row_in && c < wp && x0 >= 0 && x0 < j->w;
+            const int in1 = row_in && c + j->sw < wp && x1 >= 0 && x1 < j->w;
             if (ci % 8 == 0 && in0 && in1) {
                 const uint8_t *a = src + x0 * ci, *b = src + x1 * ci;
                 for (int64_t k = 0; k < ci; k += 8) {
@@ -264,8 +265,9 @@ AVX2 static void pack_input_pairs(const wgrad_avx2 *j, int64_t img0, int64_t m, 
                     } else {
                         va = _mm_sub_epi16(va, bias), vb = _mm_sub_epi16(vb, bias);
                     }
-                    _mm_storeu_si128((void *)(dst + 2 * k), _mm_unpacklo_epi16(va, vb));
-                    _mm_storeu_si128((void *)(dst + 2 * k + 8), _mm_unpackhi_epi16(va, vb));
+                    int16_t *d = dst + (k / 8) * plane;
+                    _mm_storeu_si128((void *)d, _mm_unpacklo_epi16(va, vb));
+                    _mm_storeu_si128((void *)(d + 8), _mm_unpackhi_epi16(va, vb));
                 }
                 continue;
             }
@@ -273,7 +275,7 @@ AVX2 static void pack_input_pairs(const wgrad_avx2 *j, int64_t img0, int64_t m, 
                 int16_t v0 = 0, v1 = 0;
                 if (k < ci && in0) v0 = j->x_signed ? (int16_t)(int8_t)src[x0 * ci + k] : (int16_t)(src[x0 * ci + k] - 128);
                 if (k < ci && in1) v1 = j->x_signed ? (int16_t)(int8_t)src[x1 * ci + k] : (int16_t)(src[x1 * ci + k] - 128);
-                dst[2 * k] = v0, dst[2 * k + 1] = v1;
+                dst[(k / 8) * plane + 2 * (k % 8)] = v0, dst[(k / 8) * plane + 2 * (k % 8) + 1] = v1;
             }
         }
     }
@@ -316,81 +318,79 @@ AVX2 static __m128i float_codes8(const wgrad_avx2 *j, int64_t pixel, int64_t c0)
     return _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
 }
 
-/* gq2 rows of a float gradient: the pair's codes, interleaved. */
-AVX2 static void pack_float_gradient_pairs(const wgrad_avx2 *j, int64_t img0, int64_t m, int16_t *gq2) {
+/* Output channel blocks of the tiles: 6 channels (12 accumulators) while more than 8 are left (or a multiple of 6),
+ * then 4; Co4 - co0 stays a multiple of 2 and ends at 0. */
+static int64_t block_rows(int64_t left) { return left % 6 == 0 || left > 8 ? 6 : 4; }
+
+/* One pixel pair's interleaved codes (co4 int16 pairs) -> the blocks' panels: block [co0, co0 + rows) of the
+ * chunk's `pairs` pairs is the panel gq2[co0 * pairs * 2 ..] of [pair][rows][2]. */
+static void scatter_pair(const wgrad_avx2 *j, const int16_t *pair_codes, int64_t pair, int64_t pairs, int16_t *gq2) {
+    for (int64_t co0 = 0, rows; co0 < j->co4; co0 += rows) {
+        rows = block_rows(j->co4 - co0);
+        memcpy(gq2 + (co0 * pairs + pair * rows) * 2, pair_codes + co0 * 2, (size_t)rows * 4);
+    }
+}
+
+/* The chunk's packed gradient: for pair p = (img, oh, ow / 2), the codes (g[oh][ow][co], g[oh][ow + 1][co]) of
+ * each block's channels (zeros past Wo and Co), quantized from gf while packing when it is given; `codes`: room
+ * for one pair's (Co4 * 2 int16). */
+AVX2 static void pack_gradient_pairs(const wgrad_avx2 *j, int64_t img0, int64_t m, int16_t *gq2, int16_t *codes) {
+    const int64_t co = j->co, co4 = j->co4, pairs = m * j->ho * j->wo2; /* codes: one pair's, co4 * 2 int16 */
     for (int64_t r = 0; r < m * j->ho; ++r) {
         const int64_t pixel0 = (img0 * j->ho + r) * j->wo;
-        int16_t *row = gq2 + r * j->wo2 * j->co4 * 2;
         for (int64_t p = 0; p < j->wo2; ++p) {
-            int16_t *dst = row + p * j->co4 * 2;
             const int second = 2 * p + 1 < j->wo;
-            for (int64_t c0 = 0; c0 < j->co4; c0 += 8) {
-                const __m128i a = float_codes8(j, pixel0 + 2 * p, c0);
-                const __m128i b = second ? float_codes8(j, pixel0 + 2 * p + 1, c0) : _mm_setzero_si128();
-                int16_t pairs[16];
-                _mm_storeu_si128((void *)pairs, _mm_unpacklo_epi16(a, b));
-                _mm_storeu_si128((void *)(pairs + 8), _mm_unpackhi_epi16(a, b));
-                const int64_t n = j->co4 - c0 < 8 ? j->co4 - c0 : 8; /* Co4 may end mid-block (4 past 8k) */
-                memcpy(dst + 2 * c0, pairs, (size_t)n * 4);
-            }
-        }
-    }
-}
-
-/* The chunk's packed gradient: gq2[img][oh][pair][co][2] = (g[oh][2 pair][co], g[oh][2 pair + 1][co]). */
-AVX2 static void pack_gradient_pairs(const wgrad_avx2 *j, int64_t img0, int64_t m, int16_t *gq2) {
-    if (j->gf) {
-        pack_float_gradient_pairs(j, img0, m, gq2);
-        return;
-    }
-    const int64_t co = j->co, co4 = j->co4;
-    for (int64_t r = 0; r < m * j->ho; ++r) {
-        const int8_t *src = j->g + (img0 * j->ho + r) * j->wo * co;
-        int16_t *row = gq2 + r * j->wo2 * co4 * 2;
-        for (int64_t p = 0; p < j->wo2; ++p) {
-            int16_t *dst = row + p * co4 * 2;
-            const int8_t *a = src + 2 * p * co, *b = a + co;
-            const int second = 2 * p + 1 < j->wo;
-            int64_t k = 0;
-            if (second)
-                for (; k + 8 <= co; k += 8) {
-                    const __m128i va = _mm_cvtepi8_epi16(_mm_loadl_epi64((const void *)(a + k)));
-                    const __m128i vb = _mm_cvtepi8_epi16(_mm_loadl_epi64((const void *)(b + k)));
-                    _mm_storeu_si128((void *)(dst + 2 * k), _mm_unpacklo_epi16(va, vb));
-                    _mm_storeu_si128((void *)(dst + 2 * k + 8), _mm_unpackhi_epi16(va, vb));
+            if (j->gf) {
+                for (int64_t c0 = 0; c0 < co4; c0 += 8) {
+                    const __m128i a = float_codes8(j, pixel0 + 2 * p, c0);
+                    const __m128i b = second ? float_codes8(j, pixel0 + 2 * p + 1, c0) : _mm_setzero_si128();
+                    _mm_storeu_si128((void *)(codes + 2 * c0), _mm_unpacklo_epi16(a, b));
+                    _mm_storeu_si128((void *)(codes + 2 * c0 + 8), _mm_unpackhi_epi16(a, b));
                 }
-            for (; k < co4; ++k) {
-                dst[2 * k] = k < co ? a[k] : 0;
-                dst[2 * k + 1] = k < co && second ? b[k] : 0;
+            } else {
+                const int8_t *a = j->g + (pixel0 + 2 * p) * co, *b = a + co;
+                int64_t k = 0;
+                if (second)
+                    for (; k + 8 <= co; k += 8) {
+                        const __m128i va = _mm_cvtepi8_epi16(_mm_loadl_epi64((const void *)(a + k)));
+                        const __m128i vb = _mm_cvtepi8_epi16(_mm_loadl_epi64((const void *)(b + k)));
+                        _mm_storeu_si128((void *)(codes + 2 * k), _mm_unpacklo_epi16(va, vb));
+                        _mm_storeu_si128((void *)(codes + 2 * k + 8), _mm_unpackhi_epi16(va, vb));
+                    }
+                for (; k < co4; ++k) {
+                    codes[2 * k] = k < co ? a[k] : 0;
+                    codes[2 * k + 1] = k < co && second ? b[k] : 0;
+                }
             }
+            scatter_pair(j, codes, r * j->wo2 + p, pairs, gq2);
         }
     }
 }
 
-/* acc[co0 .. co0 + 3][tap][ci0 .. ci0 + 8 V) += the chunk's sums, over its m images. */
-#define WGRAD_TILE(NAME, V)                                                                                       \
+/* acc[co0 .. co0 + P)[tap][ci0 .. ci0 + 8 V) += the chunk's sums, over its m images. */
+#define WGRAD_TILE(NAME, P, V)                                                                                    \
     AVX2 static void NAME(const wgrad_avx2 *j, const int16_t *xq2, const int16_t *gq2, int64_t m, int64_t co0,  \
                           int64_t tap, int64_t ci0, int64_t *acc) {                                              \
-        __m256i s[4][V];                                                                                          \
-        for (int r = 0; r < 4; ++r)                                                                               \
+        __m256i s[P][V];                                                                                          \
+        for (int r = 0; r < (P); ++r)                                                                             \
             for (int v = 0; v < (V); ++v) s[r][v] = _mm256_setzero_si256();                                       \
-        const int64_t ky = tap / j->kw, kx = tap % j->kw, xstep = 2 * j->sw * j->ci8 * 2;                         \
+        const int64_t ky = tap / j->kw, kx = tap % j->kw, xstep = 2 * j->sw * 16, plane = m * j->hp * j->wx * 16; \
+        const int16_t *xplane = xq2 + (ci0 / 8) * plane;                                                          \
+        const int16_t *gr = gq2 + co0 * m * j->ho * j->wo2 * 2; /* the block's panel, pairs in order */          \
         for (int64_t r = 0; r < m * j->ho; ++r) {                                                                 \
             const int64_t img = r / j->ho, oh = r % j->ho;                                                        \
-            const int16_t *xr = xq2 + ((img * j->hp + oh * j->sh + ky * j->dh) * j->wx + kx * j->dw) * j->ci8 * 2 \
-                                + ci0 * 2;                                                                        \
-            const int16_t *gr = gq2 + r * j->wo2 * j->co4 * 2 + co0 * 2;                                          \
-            for (int64_t p = 0; p < j->wo2; ++p, xr += xstep, gr += j->co4 * 2) {                                 \
+            const int16_t *xr = xplane + ((img * j->hp + oh * j->sh + ky * j->dh) * j->wx + kx * j->dw) * 16;     \
+            for (int64_t p = 0; p < j->wo2; ++p, xr += xstep, gr += (P) * 2) {                                    \
                 __m256i xv[V];                                                                                    \
-                for (int v = 0; v < (V); ++v) xv[v] = _mm256_loadu_si256((const void *)(xr + 16 * v));           \
-                for (int q = 0; q < 4; ++q) {                                                                     \
+                for (int v = 0; v < (V); ++v) xv[v] = _mm256_loadu_si256((const void *)(xr + v * plane));        \
+                for (int q = 0; q < (P); ++q) {                                                                   \
                     const __m256i gb = _mm256_set1_epi32(load_pair(gr + 2 * q));                                  \
                     for (int v = 0; v < (V); ++v) s[q][v] = _mm256_add_epi32(s[q][v], _mm256_madd_epi16(gb, xv[v])); \
                 }                                                                                                 \
             }                                                                                                     \
         }                                                                                                         \
         const int64_t taps = j->kh * j->kw;                                                                       \
-        for (int q = 0; q < 4; ++q)                                                                               \
+        for (int q = 0; q < (P); ++q)                                                                             \
             for (int v = 0; v < (V); ++v) {                                                                       \
                 int32_t lanes[8];                                                                                 \
                 _mm256_storeu_si256((void *)lanes, s[q][v]);                                                      \
@@ -399,9 +399,29 @@ AVX2 static void pack_gradient_pairs(const wgrad_avx2 *j, int64_t img0, int64_t 
             }                                                                                                     \
     }
 
-WGRAD_TILE(wgrad_tile_v1, 1)
-WGRAD_TILE(wgrad_tile_v2, 2)
-WGRAD_TILE(wgrad_tile_v3, 3)
+WGRAD_TILE(wgrad_tile_6x1, 6, 1)
+WGRAD_TILE(wgrad_tile_6x2, 6, 2)
+WGRAD_TILE(wgrad_tile_4x1, 4, 1)
+WGRAD_TILE(wgrad_tile_4x2, 4, 2)
+WGRAD_TILE(wgrad_tile_4x3, 4, 3)
+
+/* The chunk's sums of output channels [co0, co0 + rows): input channel blocks outside, taps inside, so that a
+ * block's codes are read from L1 by all the taps' passes. */
+static void wgrad_block(const wgrad_avx2 *j, const int16_t *xq2, const int16_t *gq2, int64_t m, int64_t co0,
+                        int64_t rows, int64_t *acc) {
+    const int64_t taps = j->kh * j->kw;
+    for (int64_t ci0 = 0, width; ci0 < j->ci8; ci0 += width) {
+        const int64_t left = (j->ci8 - ci0) / 8;
+        width = rows == 6 ? (left >= 2 ? 16 : 8) : (left >= 3 && left != 4 ? 24 : left >= 2 ? 16 : 8);
+        for (int64_t tap = 0; tap < taps; ++tap) {
+            if (rows == 6 && width == 16) wgrad_tile_6x2(j, xq2, gq2, m, co0, tap, ci0, acc);
+            else if (rows == 6) wgrad_tile_6x1(j, xq2, gq2, m, co0, tap, ci0, acc);
+            else if (width == 24) wgrad_tile_4x3(j, xq2, gq2, m, co0, tap, ci0, acc);
+            else if (width == 16) wgrad_tile_4x2(j, xq2, gq2, m, co0, tap, ci0, acc);
+            else wgrad_tile_4x1(j, xq2, gq2, m, co0, tap, ci0, acc);
+        }
+    }
+}
 
 /* dims: N, Co, Ci, KH, KW, H, W, Ho, Wo, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, x_signed.
  * g: int8 channels-last [N][Ho][Wo][Co]; x: channels-last [N][H][W][Ci], uint8 q + 128 or (x_signed) int8 q;
@@ -413,7 +433,7 @@ static int run_wgrad_avx2(wgrad_avx2 job, const int64_t *dims, int16_t *scratch,
     wgrad_from_dims(&job, dims);
     threads = threads < 1 ? 1 : threads;
     const int64_t taps = job.kh * job.kw, part = job.co4 * taps * job.ci8;
-    const int64_t per_thread = job.chunk * (job.hp * job.wx * job.ci8 + job.ho * job.wo2 * job.co4) * 2;
+    const int64_t per_thread = job.chunk * (job.hp * job.wx * job.ci8 + job.ho * job.wo2 * job.co4) * 2 + job.co4 * 2;
     const int64_t chunks = (job.n + job.chunk - 1) / job.chunk;
     memset(partial, 0, (size_t)(threads * part) * sizeof(int64_t));
 #ifdef _OPENMP
@@ -429,19 +449,11 @@ static int run_wgrad_avx2(wgrad_avx2 job, const int64_t *dims, int16_t *scratch,
         int64_t *acc = partial + t * part;
         const int64_t img0 = c * job.chunk, m = job.n - img0 < job.chunk ? job.n - img0 : job.chunk;
         pack_input_pairs(&job, img0, m, xq2);
-        pack_gradient_pairs(&job, img0, m, gq2);
-        for (int64_t co0 = 0; co0 < job.co4; co0 += 4)
-            for (int64_t tap = 0; tap < taps; ++tap)
-                for (int64_t ci0 = 0; ci0 < job.ci8;) {
-                    const int64_t left = (job.ci8 - ci0) / 8;
-                    if (left >= 3 && left != 4) {
-                        wgrad_tile_v3(&job, xq2, gq2, m, co0, tap, ci0, acc), ci0 += 24;
-                    } else if (left >= 2) {
-                        wgrad_tile_v2(&job, xq2, gq2, m, co0, tap, ci0, acc), ci0 += 16;
-                    } else {
-                        wgrad_tile_v1(&job, xq2, gq2, m, co0, tap, ci0, acc), ci0 += 8;
-                    }
-                }
+        pack_gradient_pairs(&job, img0, m, gq2, gq2 + job.chunk * job.ho * job.wo2 * job.co4 * 2);
+        for (int64_t co0 = 0, rows; co0 < job.co4; co0 += rows) {
+            rows = block_rows(job.co4 - co0);
+            wgrad_block(&job, xq2, gq2, m, co0, rows, acc);
+        }
     }
     for (int64_t o = 0; o < job.co; ++o) /* the threads' sums, [Co4][taps][Ci8] -> [Co][Ci][taps] */
         for (int64_t k = 0; k < job.ci; ++k)
