@@ -202,3 +202,32 @@ def test_layer_float_weight_grad_uses_it_and_equals_the_torch_path(bits: int, mo
     monkeypatch.setattr(native, "conv2d_weight_grad_float_avx2", lambda *a, **k: calls.append(1) or real(*a, **k))
     fast = K.conv2d_weight_grad_float(dy, scale, qmax, True, 77, xu8, sx, wshape, geom)
     assert calls == [1] and fast.dtype == torch.float32 and torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("float_gradient", [False, True])
+@pytest.mark.parametrize("co", [1, 4, 12, 16])
+def test_weight_grad_stays_inside_its_scratch(co: int, float_gradient: bool) -> None:
+    """The kernel writes only the scratch it asks for: canary bytes right after it survive (a float gradient with
+    Co no multiple of 8 once wrote 8-channel stores past the end and corrupted the heap)."""
+    import ctypes
+
+    lib = native.CONV_AVX2_LIBRARY.load()
+    xq, _ = _codes(3, 8, co, 7, 6, 3, seed=co)
+    dy = torch.randn((3, co, 7, 6)).contiguous(memory_format=torch.channels_last)
+    gq = torch.randint(-128, 128, (3, co, 7, 6), dtype=torch.int16).to(torch.int8).contiguous(
+        memory_format=torch.channels_last)
+    xu8 = K.to_shifted_u8(xq).contiguous(memory_format=torch.channels_last)
+    dims = native._int64_array([3, co, 8, 3, 3, 7, 6, 7, 6, 1, 1, 1, 1, 1, 1, 0])
+    sizes = (ctypes.c_int64 * 2)()
+    lib.inttrain_wgrad_avx2_scratch(dims, 1, sizes)  # one thread: its region is the last
+    canary = 4096
+    work = torch.full((int(sizes[0]) + canary,), 0x5A, dtype=torch.uint8)
+    partial = torch.full((int(sizes[1]) + canary,), 0x5A, dtype=torch.uint8)
+    out = torch.empty((co, 8, 3, 3), dtype=torch.int64)
+    tail = (xu8.data_ptr(), dims, work.data_ptr(), partial.data_ptr(), out.data_ptr(), 1)
+    if float_gradient:
+        scale = torch.full((co,), 0.01)
+        assert lib.inttrain_wgrad_f32_avx2(dy.data_ptr(), scale.data_ptr(), 1, 127, 1, 7, *tail) == 0
+    else:
+        assert lib.inttrain_wgrad_avx2(gq.data_ptr(), *tail) == 0
+    assert bool((work[-canary:] == 0x5A).all()) and bool((partial[-canary:] == 0x5A).all())

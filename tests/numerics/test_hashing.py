@@ -77,3 +77,17 @@ def test_eager_uniforms_keep_the_requested_shape() -> None:
     u = uniform_from_counter((3, 5, 7), 99)
     assert u.shape == (3, 5, 7) and torch.equal(u.reshape(-1), _int64_lanes(105, 99))
     assert uniform_from_counter((0, 4), 1).shape == (0, 4)
+
+
+@pytest.mark.parametrize("seed", [0, 12345, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, (1 << 40) + 9])
+def test_int32_lanes_equal_the_int64_lanes(seed: int) -> None:
+    """Compiled CPU graphs hash in wrapping int32 lanes: the same bits as the int64 emulation, for seeds past 31
+    and 32 bits (as Python ints and as the 0-d int64 seed tensors compiled steps carry), eager and compiled."""
+    from inttrain.numerics.hashing import _uniform_int32
+
+    n = 100_003
+    want = _int64_lanes(n, seed)
+    assert torch.equal(_uniform_int32(n, seed), want)
+    assert torch.equal(_uniform_int32(n, torch.tensor(seed, dtype=torch.int64)), want)
+    compiled = torch.compile(lambda s: uniform_from_counter((n,), s), fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(torch.tensor(seed, dtype=torch.int64)), want)

@@ -236,7 +236,7 @@ static void wgrad_from_dims(wgrad_avx2 *j, const int64_t *dims) {
 void inttrain_wgrad_avx2_scratch(const int64_t *dims, int64_t threads, int64_t *out) {
     wgrad_avx2 j;
     wgrad_from_dims(&j, dims);
-    const int64_t per_thread = (j.chunk * (j.hp * j.wx * j.ci8 + j.ho * j.wo2 * j.co4) * 2 + j.co4 * 2) * 2;
+    const int64_t per_thread = (j.chunk * (j.hp * j.wx * j.ci8 + j.ho * j.wo2 * j.co4) * 2 + (j.co4 + 8) * 2) * 2;
     out[0] = per_thread * (threads < 1 ? 1 : threads);
     out[1] = (threads < 1 ? 1 : threads) * j.co4 * j.kh * j.kw * j.ci8 * 8;
 }
@@ -333,9 +333,9 @@ static void scatter_pair(const wgrad_avx2 *j, const int16_t *pair_codes, int64_t
 
 /* The chunk's packed gradient: for pair p = (img, oh, ow / 2), the codes (g[oh][ow][co], g[oh][ow + 1][co]) of
  * each block's channels (zeros past Wo and Co), quantized from gf while packing when it is given; `codes`: room
- * for one pair's (Co4 * 2 int16). */
+ * for one pair's, rounded up to whole 8-channel stores ((Co4 + 8) * 2 int16). */
 AVX2 static void pack_gradient_pairs(const wgrad_avx2 *j, int64_t img0, int64_t m, int16_t *gq2, int16_t *codes) {
-    const int64_t co = j->co, co4 = j->co4, pairs = m * j->ho * j->wo2; /* codes: one pair's, co4 * 2 int16 */
+    const int64_t co = j->co, co4 = j->co4, pairs = m * j->ho * j->wo2; /* codes: one pair's, (co4 + 8) * 2 int16 (8-channel stores) */
     for (int64_t r = 0; r < m * j->ho; ++r) {
         const int64_t pixel0 = (img0 * j->ho + r) * j->wo;
         for (int64_t p = 0; p < j->wo2; ++p) {
@@ -433,7 +433,7 @@ static int run_wgrad_avx2(wgrad_avx2 job, const int64_t *dims, int16_t *scratch,
     wgrad_from_dims(&job, dims);
     threads = threads < 1 ? 1 : threads;
     const int64_t taps = job.kh * job.kw, part = job.co4 * taps * job.ci8;
-    const int64_t per_thread = job.chunk * (job.hp * job.wx * job.ci8 + job.ho * job.wo2 * job.co4) * 2 + job.co4 * 2;
+    const int64_t per_thread = job.chunk * (job.hp * job.wx * job.ci8 + job.ho * job.wo2 * job.co4) * 2 + (job.co4 + 8) * 2;
     const int64_t chunks = (job.n + job.chunk - 1) / job.chunk;
     memset(partial, 0, (size_t)(threads * part) * sizeof(int64_t));
 #ifdef _OPENMP
