@@ -231,3 +231,16 @@ def test_weight_grad_stays_inside_its_scratch(co: int, float_gradient: bool) -> 
     else:
         assert lib.inttrain_wgrad_avx2(gq.data_ptr(), *tail) == 0
     assert bool((work[-canary:] == 0x5A).all()) and bool((partial[-canary:] == 0x5A).all())
+
+
+def test_weight_grad_refuses_images_past_its_int32_bound() -> None:
+    """An image of more than 65535 gradient pixel pairs could overflow an int32 lane before its flush: refused with
+    a ValueError (and kernels.conv routes such layers elsewhere); 65535 pairs exactly are taken."""
+    assert native.avx2_weight_grad_fits(1, 131070) and not native.avx2_weight_grad_fits(1, 131071)
+    assert native.avx2_weight_grad_fits(65535, 1) and not native.avx2_weight_grad_fits(65536, 2)
+    x = torch.zeros((1, 4, 1, 131072), dtype=torch.int8)
+    g = torch.zeros((1, 4, 1, 131072), dtype=torch.int8)
+    with pytest.raises(ValueError, match="more than 65535 pixel pairs"):
+        native.conv2d_weight_grad_avx2(g, x, (4, 4, 1, 1), (1, 1), (0, 0), (1, 1))
+    ok = native.conv2d_weight_grad_avx2(g[..., :131070], x[..., :131070], (4, 4, 1, 1), (1, 1), (0, 0), (1, 1))
+    assert not ok.any()

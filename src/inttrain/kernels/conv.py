@@ -629,7 +629,8 @@ def conv2d_weight_grad_float(
     lanes); elsewhere they are made here and handed to :func:`conv2d_weight_grad`.  All give the same result bit
     for bit.
     """
-    if _on_cpu(dy, xq) and qmax <= 127 and (kernel := _float_weight_grad_kernel(geom.groups)) is not None:
+    kernel = _float_weight_grad_kernel(geom.groups, int(dy.shape[2]), int(dy.shape[3]))
+    if _on_cpu(dy, xq) and qmax <= 127 and kernel is not None:
         count("conv_wgrad")
         dy_in = dy if dy.dtype == torch.bfloat16 else dy.to(torch.float32)  # the kernel reads bfloat16 itself
         dw_int = kernel(dy_in, g_scale, qmax, stochastic, seed, xq, weight_shape, geom.stride, geom.padding,
@@ -643,18 +644,20 @@ def conv2d_weight_grad_float(
     return conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
 
 
-def _float_weight_grad_kernel(groups: int) -> Callable | None:
+def _float_weight_grad_kernel(groups: int, ho: int, wo: int) -> Callable | None:
     """The native kernel that quantizes a float gradient while it packs it, where one runs: VNNI, else AVX2."""
     if groups == 1 and native.available():
         return native.conv2d_weight_grad_float
-    return native.conv2d_weight_grad_float_avx2 if native.avx2_conv_preferred(groups) else None
+    avx2 = native.avx2_conv_preferred(groups) and native.avx2_weight_grad_fits(ho, wo)
+    return native.conv2d_weight_grad_float_avx2 if avx2 else None
 
 
 def weight_grad_int(gq: Tensor, xq: Tensor, weight_shape: tuple, geom: ConvGeometry) -> Tensor:
     """The exact int64 sums ``sum_{n,h,w} gq * xq`` of the CPU weight-gradient convolution, ``[Co, Cig, kh, kw]``."""
     if geom.groups == 1 and native.available():  # register-tiled VNNI kernel, no im2col (3-4x faster)
         return native.conv2d_weight_grad_int(gq, xq, weight_shape, geom.stride, geom.padding, geom.dilation)
-    if native.avx2_conv_preferred(geom.groups):  # the same without VNNI: int16 pixel pairs, no im2col
+    if native.avx2_conv_preferred(geom.groups) and native.avx2_weight_grad_fits(int(gq.shape[2]), int(gq.shape[3])):
+        # the same without VNNI: int16 pixel pairs, no im2col
         return native.conv2d_weight_grad_avx2(gq, xq, weight_shape, geom.stride, geom.padding, geom.dilation)
     co, cig, k_h, k_w = (int(v) for v in weight_shape)
     n, cin, h, w = xq.shape

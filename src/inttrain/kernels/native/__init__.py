@@ -31,7 +31,7 @@ __all__ = ["NativeLibrary", "LIBRARY", "QUANTIZE_LIBRARY", "available", "quantiz
            "CONV_AMX_LIBRARY", "conv_amx_available", "conv_kernel", "int8_mm_amx_scaled", "wide_combine",
            "GEMM_AVX2_LIBRARY", "avx2_gemm_available", "avx2_gemm_preferred", "int8_mm_avx2",
            "CONV_AVX2_LIBRARY", "avx2_conv_preferred", "conv2d_forward_avx2", "conv2d_weight_grad_avx2",
-           "conv2d_weight_grad_float_avx2"]
+           "conv2d_weight_grad_float_avx2", "avx2_weight_grad_fits"]
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("conv.c")
@@ -260,6 +260,12 @@ def avx2_conv_preferred(groups: int, terms: int = 0) -> bool:
     saturates, :func:`~inttrain.kernels.conv.onednn_int8_conv_exact`), the kernels run here, the convolution is
     ungrouped and int32 holds the forward's ``terms`` (Ci rounded up to even, times KH * KW) exactly."""
     return groups == 1 and terms <= _GEMM_MAX_K and avx2_gemm_preferred() and CONV_AVX2_LIBRARY.load() is not None
+
+
+def avx2_weight_grad_fits(ho: int, wo: int) -> bool:
+    """Whether :func:`conv2d_weight_grad_avx2` takes a gradient of ``ho x wo`` pixels: an image's pixel pairs,
+    ``ho * ceil(wo / 2)``, at most 65535 (each int32 lane then sums them exactly before its int64 flush)."""
+    return ho * -(-wo // 2) <= 65535
 
 
 def conv_amx_available() -> bool:
@@ -553,6 +559,8 @@ def _run_wgrad_avx2(g: Tensor, xu8: Tensor, weight_shape: tuple, stride: tuple[i
     out = torch.empty((co, ci, kh, kw), dtype=torch.int64)
     if n == 0 or out.numel() == 0:
         return out.zero_()
+    if not avx2_weight_grad_fits(int(g.shape[2]), int(g.shape[3])):
+        raise ValueError(f"a {int(g.shape[2])}x{int(g.shape[3])} gradient has more than 65535 pixel pairs an image")
     g = g.contiguous(memory_format=torch.channels_last)  # held: C reads them
     x = xu8.contiguous(memory_format=torch.channels_last)
     dims = _int64_array([n, co, ci, kh, kw, h, w, int(g.shape[2]), int(g.shape[3]), *padding, *stride, *dilation,

@@ -197,8 +197,9 @@ int inttrain_conv_fwd_avx2(const uint8_t *x, const int8_t *w, float x_scale, con
  *                                       load per (column, 8 channels)
  * and a register tile of 6 (or 4) output channels x V blocks of 8 input channels at one tap runs over every pixel
  * pair of the chunk: per pair V loads, 6 broadcasts, 6 V VPMADDWD; the taps of one block pair run back to back,
- * so their passes read the same panels (from L1 when the chunk is small enough).  No im2col.  Each chunk's int32 sums (at most
- * 2^16 pairs of products |g q| <= 2^14 per lane: exact) go into the thread's int64 sums, added up at the end.
+ * so their passes read the same panels.  No im2col.  Each chunk's int32 sums (at most 2^16 pairs of products
+ * |g q| <= 2^14 per lane: exact) go into the thread's int64 sums, added up at the end; an image of more than
+ * 65535 gradient pixel pairs is refused (the caller takes another kernel).
  */
 
 typedef struct {
@@ -224,8 +225,6 @@ static void wgrad_geometry(wgrad_avx2 *j) {
     j->chunk = chunk < 1 ? 1 : chunk;
 }
 
-/* Bytes of scratch per thread (xq2 + gq2 of one chunk) and of the threads' int64 partial sums, for dims as
- * inttrain_wgrad_avx2's. */
 static void wgrad_from_dims(wgrad_avx2 *j, const int64_t *dims) {
     j->n = dims[0], j->co = dims[1], j->ci = dims[2], j->kh = dims[3], j->kw = dims[4], j->h = dims[5];
     j->w = dims[6], j->ho = dims[7], j->wo = dims[8], j->ph = dims[9], j->pw = dims[10], j->sh = dims[11];
@@ -233,6 +232,8 @@ static void wgrad_from_dims(wgrad_avx2 *j, const int64_t *dims) {
     wgrad_geometry(j);
 }
 
+/* Bytes of scratch for all threads (xq2 + gq2 of one chunk and a pair's codes, each) and of the threads' int64
+ * partial sums, for dims as inttrain_wgrad_avx2's. */
 void inttrain_wgrad_avx2_scratch(const int64_t *dims, int64_t threads, int64_t *out) {
     wgrad_avx2 j;
     wgrad_from_dims(&j, dims);
@@ -426,11 +427,12 @@ static void wgrad_block(const wgrad_avx2 *j, const int16_t *xq2, const int16_t *
 /* dims: N, Co, Ci, KH, KW, H, W, Ho, Wo, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, x_signed.
  * g: int8 channels-last [N][Ho][Wo][Co]; x: channels-last [N][H][W][Ci], uint8 q + 128 or (x_signed) int8 q;
  * scratch, partial: inttrain_wgrad_avx2_scratch's bytes; out: int64 [Co][Ci][KH][KW], written.
- * Returns 0 on success, 1 when the CPU lacks AVX2. */
+ * Returns 0 on success, 1 when the CPU lacks AVX2, 3 when an image has more than 65535 gradient pixel pairs. */
 static int run_wgrad_avx2(wgrad_avx2 job, const int64_t *dims, int16_t *scratch, int64_t *partial, int64_t *out,
                           int64_t threads) {
     if (!inttrain_conv_avx2_ready()) return 1;
     wgrad_from_dims(&job, dims);
+    if (job.ho * job.wo2 > 65535) return 3; /* one image's pairs would overflow an int32 lane */
     threads = threads < 1 ? 1 : threads;
     const int64_t taps = job.kh * job.kw, part = job.co4 * taps * job.ci8;
     const int64_t per_thread = job.chunk * (job.hp * job.wx * job.ci8 + job.ho * job.wo2 * job.co4) * 2 + (job.co4 + 8) * 2;
