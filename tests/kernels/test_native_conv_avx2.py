@@ -244,3 +244,16 @@ def test_weight_grad_refuses_images_past_its_int32_bound() -> None:
         native.conv2d_weight_grad_avx2(g, x, (4, 4, 1, 1), (1, 1), (0, 0), (1, 1))
     ok = native.conv2d_weight_grad_avx2(g[..., :131070], x[..., :131070], (4, 4, 1, 1), (1, 1), (0, 0), (1, 1))
     assert not ok.any()
+
+
+def test_env_names_the_kernels_where_preferred(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``inttrain env`` (kernels.describe) names the AVX2 convolutions exactly where they are the CPU's."""
+    import inttrain.kernels as kernels
+
+    monkeypatch.setattr(native, "avx2_conv_preferred", lambda *a: True)
+    info = kernels.describe()
+    assert "conv_avx2.c" in info["conv2d forward/input grad (cpu)"]
+    assert "conv_avx2.c" in info["conv2d weight grad (cpu)"]
+    monkeypatch.setattr(native, "avx2_conv_preferred", lambda *a: False)
+    info = kernels.describe()
+    assert "conv_avx2.c" not in info["conv2d forward/input grad (cpu)"] + info["conv2d weight grad (cpu)"]

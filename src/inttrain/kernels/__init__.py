@@ -46,9 +46,14 @@ def describe() -> dict[str, str]:
 
     conv_fwd = (amx_conv + "native AVX512-VNNI implicit GEMM (kernels/native/conv.c; uint8 activations, zero point "
                 "128), else " if native.available() else "")
+    avx2 = native.avx2_conv_preferred(1)
+    if avx2:
+        conv_fwd += "native AVX2 implicit GEMM (kernels/native/conv_avx2.c: int16 codes, vpmaddwd), grouped: "
     conv_fwd += ("oneDNN int8 convolution" if onednn_int8_conv_exact() else
                  "im2col + the int8 GEMM above (oneDNN's int8 convolution saturates int16 pairs on this CPU)")
     conv_wgrad = amx_wgrad + ("native AVX512-VNNI kernel (kernels/native/conv.c), else " if native.available() else "")
+    if avx2:
+        conv_wgrad += "native AVX2 kernel (kernels/native/conv_avx2.c: pixel pairs in int16), grouped: "
     conv_wgrad += "the int8 GEMM above: shifted GEMMs (<= 16 in-channels) or im2col per batch chunk"
     info = {
         "linear (cpu)": cpu_int,
