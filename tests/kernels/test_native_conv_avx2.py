@@ -257,3 +257,25 @@ def test_env_names_the_kernels_where_preferred(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(native, "avx2_conv_preferred", lambda *a: False)
     info = kernels.describe()
     assert "conv_avx2.c" not in info["conv2d forward/input grad (cpu)"] + info["conv2d weight grad (cpu)"]
+
+
+@pytest.mark.parametrize("geometry", [(40, 16, 16, 1), (33, 32, 12, 2)])
+def test_weight_grad_many_chunks_across_threads(geometry: tuple) -> None:
+    """Batches of several L2-sized image chunks, spread over 1-3 threads whose int64 partials are added at the end:
+    exact for int8 codes, and the same for a float gradient whatever the thread count."""
+    n, c, hw, s = geometry
+    xq, _ = _codes(n, c, c, hw, hw, 3, seed=n)
+    ho = (hw + 2 - 3) // s + 1
+    gen = torch.Generator().manual_seed(c)
+    gq = torch.randint(-128, 128, (n, c, ho, ho), dtype=torch.int16, generator=gen).to(torch.int8)
+    dy = torch.randn((n, c, ho, ho), generator=gen)
+    geom = ConvGeometry((s, s), (1, 1), (1, 1), 1)
+    want = _weight_grad_reference(gq, xq, (c, c, 3, 3), geom)
+    xu8, scale = K.to_shifted_u8(xq), torch.full((c,), 0.02)
+    floats = []
+    for threads in (1, 2, 3):
+        got = native.conv2d_weight_grad_avx2(gq, xu8, (c, c, 3, 3), (s, s), (1, 1), (1, 1), threads=threads)
+        assert torch.equal(got, want)
+        floats.append(native.conv2d_weight_grad_float_avx2(dy, scale, 127, True, 9, xu8, (c, c, 3, 3), (s, s),
+                                                           (1, 1), (1, 1), threads=threads))
+    assert torch.equal(floats[0], floats[1]) and torch.equal(floats[0], floats[2])
