@@ -629,8 +629,9 @@ def conv2d_weight_grad_float(
     lanes); elsewhere they are made here and handed to :func:`conv2d_weight_grad`.  All give the same result bit
     for bit.
     """
-    kernel = _float_weight_grad_kernel(geom.groups, int(dy.shape[2]), int(dy.shape[3]))
-    if _on_cpu(dy, xq) and qmax <= 127 and kernel is not None:
+    on_cpu = _on_cpu(dy, xq) and qmax <= 127
+    kernel = _float_weight_grad_kernel(geom.groups, int(dy.shape[2]), int(dy.shape[3])) if on_cpu else None
+    if kernel is not None:
         count("conv_wgrad")
         dy_in = dy if dy.dtype == torch.bfloat16 else dy.to(torch.float32)  # the kernel reads bfloat16 itself
         dw_int = kernel(dy_in, g_scale, qmax, stochastic, seed, xq, weight_shape, geom.stride, geom.padding,
