@@ -6,6 +6,8 @@ Invariants (value = scale * code):
   of the output scale; their backward equals the float op's backward on the dequantized input.
 * A dataflow convolution consuming an absmax-quantized QActivation gives bit-identical outputs and
   gradients to the non-dataflow layer on the dequantized float input (re-quantizing is the identity).
+* Batch norm of a convolution's float output normalises the exact values, saves their per-channel codes,
+  and hands the ReLU the amax of its output (equal to an amax pass up to float rounding).
 """
 
 import logging
@@ -229,15 +231,62 @@ def test_dataflow_conv_consumes_codes_bit_exactly():
     la, qa = _int8_leaf(q)
     xb = _float_leaf(q)
     ya, yb = a(qa), b(xb)
-    assert isinstance(ya, QActivation) and ya.per_channel
-    # the emitted codes are the per-channel quantization of the non-dataflow float output
-    assert torch.equal(ya.codes, quantize_activation(yb.detach(), per_channel=True).codes)
+    # the output goes on as the non-dataflow float output, its quantization left to the consumer
+    assert isinstance(ya, DeferredQuant) and ya.relu_amax is None
+    assert torch.equal(ya.inner, yb.detach())
     dy = torch.randn(yb.shape, generator=torch.Generator().manual_seed(2))
     ya.backward(dy)
     yb.backward(dy)
     assert torch.equal(la.grad, xb.grad)
     assert torch.equal(a.weight.grad, b.weight.grad)
     assert torch.equal(a.bias.grad, b.bias.grad)
+
+
+@pytest.mark.parametrize("weight_sign", [1.0, -1.0])
+def test_batch_norm_of_a_conv_output_normalises_exact_values_and_knows_the_relu_amax(weight_sign):
+    from inttrain.kernels import dataflow_passes as passes
+
+    a, b = _conv_pair()
+    bn_a, bn_b = nn.BatchNorm2d(8), nn.BatchNorm2d(8)
+    with torch.no_grad():
+        for bn in (bn_a, bn_b):  # mixed signs: a negative weight puts the channel's ReLU amax at its smallest input
+            bn.weight.copy_(weight_sign * torch.linspace(-1.5, 2, 8))
+            bn.bias.copy_(torch.linspace(-0.5, 0.5, 8))
+    q = _q(scale=2.0)
+    la, qa = _int8_leaf(q)
+    xb = _float_leaf(q)
+    ya, yb = a(qa), b(xb)
+    za, zb = bn_a(ya), bn_b(yb)
+    assert isinstance(za, DeferredQuant) and za.relu_amax is not None
+    true_amax = zb.detach().clamp_min(0).amax()
+    assert torch.allclose(za.relu_amax, true_amax.reshape(1), rtol=1e-6, atol=0)
+    assert torch.allclose(za.inner, zb.detach(), atol=1e-5, rtol=1e-5)  # float statistics of the same values
+    assert torch.allclose(bn_a.running_var, bn_b.running_var, rtol=1e-5)
+    # the pass's codes are the per-channel absmax quantization of the conv output (what backward reads)
+    rows = yb.detach().contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1).reshape(-1, 8)
+    codes = passes.batch_norm_forward_float_rows(rows, bn_b.weight.detach(), bn_b.bias.detach(), bn_b.eps)[0]
+    expected = quantize_activation(yb.detach(), per_channel=True).codes
+    assert torch.equal(codes, expected.permute(0, 2, 3, 1).reshape(-1, 8))
+    oa, ob = F.relu(za), F.relu(zb)
+    assert isinstance(oa, QActivation) and torch.allclose(oa.scale, true_amax / 127, rtol=1e-6)
+    assert (oa.dequantize() - ob.detach()).abs().max() <= oa.scale.item() / 2 * (1 + 1e-4) + 1e-6
+    dy = torch.randn(ob.shape, generator=torch.Generator().manual_seed(3))
+    dy = torch.where((oa.codes == 128) & (ob > 0), 0.0, dy)  # where the ReLU output rounded to 0 the mask cuts
+    oa.backward(dy)
+    ob.backward(dy)
+    # backward recomputes the normalised input from the int8 codes: close to the float gradients, not equal
+    assert sqnr_db(la.grad, xb.grad) > 30 and sqnr_db(a.weight.grad, b.weight.grad) > 30
+    assert torch.allclose(bn_a.bias.grad, bn_b.bias.grad, rtol=1e-4, atol=1e-4)
+    assert sqnr_db(bn_a.weight.grad, bn_b.weight.grad) > 30
+
+
+def test_batch_norm_of_a_conv_output_in_eval_runs_in_float():
+    a, b = _conv_pair()
+    bn_a, bn_b = nn.BatchNorm2d(8).eval(), nn.BatchNorm2d(8).eval()
+    q = _q()
+    za = bn_a(a(_int8_leaf(q)[1]))
+    zb = bn_b(b(_float_leaf(q)))
+    assert type(za) is torch.Tensor and torch.equal(za, zb)
 
 
 def test_prepare_dataflow_flag_and_restore():

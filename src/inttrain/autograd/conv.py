@@ -32,7 +32,7 @@ from ..numerics.quantize import check_finite, is_finite
 from ..spec import LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, UnsupportedFormatError
 from ..spec.capabilities import conv_layout_problem
 from .seeds import save_with_seeds, saved_and_seeds
-from .qactivation import QActivation, output_dtype, quantize_activation, quantize_rows_of, rows_view
+from .qactivation import DeferredQuant, QActivation, output_dtype, quantize_rows_of, rows_view
 
 __all__ = ["int_conv2d", "ConvGeometry", "check_conv_precision"]
 
@@ -174,8 +174,8 @@ class _IntConv2dFn(torch.autograd.Function):
             save_with_seeds(ctx, seeds, weight, xf.float())
         ctx.geom, ctx.prec, ctx.has_bias, ctx.grad_hook = geom, prec, bias is not None, grad_hook
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
-        if emit_int8:  # hand the next op int8 codes, one scale per channel (what batch norm normalises by)
-            return quantize_activation(y, per_channel=True, name="conv2d output")
+        if emit_int8:  # the consumer quantizes: batch norm saves per-channel codes of the exact values, a ReLU
+            return DeferredQuant(y, 8)  # quantizes what survives it (see DeferredQuant)
         return y.to(output_dtype(x))
 
     @staticmethod
@@ -227,7 +227,7 @@ def int_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
     ``grad_hook(dy, seed) -> dy``, if given, transforms the float output gradient before it is quantized.
     ``x`` may be a :class:`QActivation` (its codes are used as they are when the forward GEMM's format
-    allows); ``emit_int8=True`` returns the output as a per-channel int8 QActivation (dataflow).
+    allows); ``emit_int8=True`` returns the float output as a ``DeferredQuant`` its consumer quantizes (dataflow).
     """
     if x.dim() != 4:
         raise ValueError(f"conv2d expects a 4-D NCHW input, got shape {tuple(x.shape)}")

@@ -4,6 +4,8 @@ Every op reads the codes of a :class:`~inttrain.autograd.qactivation.QActivation
 codes (or a 1-byte mask) for backward.  Most return a QActivation; batch norm and the residual add
 return a :class:`~inttrain.autograd.qactivation.DeferredQuant` (float, not saved by anyone) that the
 consuming ReLU quantizes after applying itself, so the int8 grid covers only what survives the ReLU.
+A convolution hands batch norm its float output the same way: batch norm normalises the exact values
+and saves their per-channel int8 codes, written in the pass that also finds the ReLU's amax.
 Gradients between layers stay float32 (autograd sums them where branches meet); each integer layer
 quantizes the gradient it consumes for its own GEMMs.
 
@@ -13,8 +15,8 @@ Exactness (value = scale * code):
     relu6                                the bound 6 is rounded to the code grid: error <= scale / 2
     gelu                                 scale from the input's possible values: error <= out_scale / 2
     avg_pool2d, adaptive_avg_pool2d      the window mean of the codes, rounded half-even: <= scale / 2
-    batch_norm, add                      float on the exact dequantized values; the consumer (ReLU)
-                                         quantizes per tensor (absmax scale): <= out_scale / 2
+    batch_norm, add                      float on the exact (dequantized or convolution output) values;
+                                         the consumer (ReLU) quantizes per tensor: <= out_scale / 2
     layer_norm                           input rounded to int8 per row (token), float output
     attention                            float softmax on exact q, k, v; output <= out_scale / 2
 Backward formulas are the float ops' formulas evaluated on the values forward used, so a gradient
@@ -126,7 +128,7 @@ class _ReLUQuantize(Function):
         with torch._C.DisableTorchFunctionSubclass():
             rows = rows_view(x)
             if rows is not None:
-                codes, scale = passes.relu_quantize_rows(rows, bits)
+                codes, scale = passes.relu_quantize_rows(rows, bits, x.relu_amax)
                 check_finite(scale, "relu output")
                 out = QActivation(from_rows(codes, x.shape), scale, 128, bits)
             else:
@@ -337,15 +339,28 @@ def _dropout(x, p: float = 0.5, training: bool = True, inplace: bool = False):
 
 
 class _BatchNorm(Function):
+    """Training batch norm that saves its input as int8 codes.  An int8 input (QActivation) is normalised as
+    its codes' values; a float one (a convolution's DeferredQuant output) as its exact values, and the pass
+    over it writes the per-channel int8 codes backward recomputes it from, and the ReLU amax of the output."""
+
     @staticmethod
-    def forward(ctx, x: QActivation, weight, bias, running_mean, running_var, training, momentum, eps):
-        rows = rows_view(x.codes)
-        fused = training and rows is not None and x.zero_point == 128
+    def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
         c = x.shape[1]
         w = weight if weight is not None else torch.ones(c, device=x.device)
         b = bias if bias is not None else torch.zeros(c, device=x.device)
+        relu_amax = None
+        if isinstance(x, DeferredQuant):  # int8_batch_norm routes only training rows here
+            rows = _rows_of(x.inner, x.inner)
+            codes_rows, scale, y, mean, var, invstd, relu_amax = passes.batch_norm_forward_float_rows(
+                rows, w, b, eps, x.bits)
+            codes, zp, fused = from_rows(codes_rows, x.shape), 128, True
+        else:
+            rows = rows_view(x.codes)
+            codes, scale, zp = x.codes, x.scale, x.zero_point
+            fused = training and rows is not None and x.zero_point == 128
+            if fused:
+                y, mean, var, invstd = passes.batch_norm_forward_rows(rows, x.scale, w, b, eps)
         if fused:
-            y, mean, var, invstd = passes.batch_norm_forward_rows(rows, x.scale, w, b, eps)
             if running_mean is not None:  # torch's update: the running variance is unbiased
                 m = rows.shape[0]
                 with torch.no_grad():
@@ -355,9 +370,9 @@ class _BatchNorm(Function):
         else:
             y, mean, invstd = torch.native_batch_norm(x.dequantize(), weight, bias, running_mean, running_var,
                                                       training, momentum, eps)
-        ctx.save_for_backward(x.codes, x.scale, w, mean, invstd, running_mean, running_var)
-        ctx.zp, ctx.training, ctx.eps, ctx.fused, ctx.has_weight = x.zero_point, training, eps, fused, weight is not None
-        return DeferredQuant(y, x.bits)  # quantized by its consumer (see DeferredQuant)
+        ctx.save_for_backward(codes, scale, w, mean, invstd, running_mean, running_var)
+        ctx.zp, ctx.training, ctx.eps, ctx.fused, ctx.has_weight = zp, training, eps, fused, weight is not None
+        return DeferredQuant(y, x.bits, relu_amax)  # quantized by its consumer (see DeferredQuant)
 
     @staticmethod
     def backward(ctx, g):
@@ -378,7 +393,10 @@ class _BatchNorm(Function):
 
 
 def int8_batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
-    if not isinstance(x, QActivation):
+    if isinstance(x, DeferredQuant):  # a float input: fused in training on 2-D / 4-D rows, else torch's float op
+        if not training or x.dim() not in (2, 4) or x.numel() <= x.shape[1]:
+            return NotImplemented
+    elif not isinstance(x, QActivation):
         return NotImplemented
     per_channel_values = x.shape[0] * (x.numel() // (x.shape[0] * x.shape[1]) if x.dim() > 2 else 1)
     if training and per_channel_values <= 1:
@@ -583,7 +601,7 @@ def _register() -> None:
     for impl, funcs in table.items():
         for f in funcs:
             INT8_OPS[f] = impl
-    for impl in (int8_relu, int8_add, _radd, _layer_norm):
+    for impl in (int8_relu, int8_add, _radd, _layer_norm, int8_batch_norm):
         for f in table[impl]:
             DEFERRED_OPS[f] = impl
 

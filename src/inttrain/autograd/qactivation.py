@@ -204,35 +204,38 @@ class QActivation(torch.Tensor):
 class DeferredQuant(torch.Tensor):
     """A float tensor whose int8 quantization is left to the op that consumes it.
 
-    Batch norm takes int8 in but hands its output on as a ``DeferredQuant``: it is usually followed by
-    a ReLU, and a symmetric int8 grid chosen *before* the ReLU spends up to half of its codes on
-    negative values the ReLU then zeroes.  ReLU and the residual add consume it and quantize their own
+    A dataflow convolution hands its output on as a ``DeferredQuant`` (batch norm normalises the exact
+    values and saves int8 codes of them for backward), and batch norm hands on its own: it is usually
+    followed by a ReLU, and a symmetric int8 grid chosen *before* the ReLU spends up to half of its codes
+    on negative values the ReLU then zeroes.  ReLU and the residual add consume it and quantize their own
     output (so nothing float is ever saved for backward); any other consumer sees a plain float tensor
-    (an integer layer quantizes it as usual).
+    (an integer layer quantizes it as usual).  ``relu_amax`` (``[1]``), when the producer knows
+    ``max(relu(inner))`` without another pass over it (batch norm does), spares the ReLU its amax pass.
     """
 
     inner: torch.Tensor
     bits: int
+    relu_amax: torch.Tensor | None
 
     @staticmethod
-    def __new__(cls, inner: torch.Tensor, bits: int = 8):
+    def __new__(cls, inner: torch.Tensor, bits: int = 8, relu_amax: torch.Tensor | None = None):
         # A wrapper around the float tensor (not a view of it): torch.compile traces wrapper subclasses
         # (flattened to ``inner``), while ``as_subclass`` on a traced tensor is refused.
         t = torch.Tensor._make_wrapper_subclass(
             cls, inner.shape, strides=inner.stride(), dtype=inner.dtype, device=inner.device, requires_grad=False
         )
-        t.inner, t.bits = inner, bits
+        t.inner, t.bits, t.relu_amax = inner, bits, relu_amax
         return t
 
     def __repr__(self) -> str:
         return f"DeferredQuant(shape={tuple(self.shape)}, int{self.bits} pending, grad_fn={self.grad_fn})"
 
     def __tensor_flatten__(self):
-        return ["inner"], (self.bits,)
+        return (["inner"] if self.relu_amax is None else ["inner", "relu_amax"]), (self.bits,)
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
-        return DeferredQuant(inner["inner"], *meta)
+        return DeferredQuant(inner["inner"], *meta, inner.get("relu_amax"))
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -242,7 +245,7 @@ class DeferredQuant(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
             (x,) = args
-            return DeferredQuant(func(x.inner), x.bits)
+            return DeferredQuant(func(x.inner), x.bits, x.relu_amax)
         unwrap = lambda a: a.inner if isinstance(a, DeferredQuant) else a  # noqa: E731
         return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
 

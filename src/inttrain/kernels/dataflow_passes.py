@@ -12,6 +12,11 @@ Batch norm works on the values ``x = scale * (code - 128)``:
     backward  xhat = (x - mean) * invstd, db = sum g, dw = sum g * xhat,
               dx = w * invstd * (g - db / M - xhat * dw / M)        (M = rows)
 — the same formulas as ``torch.native_batch_norm(_backward)``, with x recomputed from the saved codes.
+
+A convolution's float output goes to batch norm as it is (``batch_norm_forward_float_rows``): the statistics
+come from the exact values, and the pass that writes the int8 codes batch norm saves for backward also yields
+the output's ReLU amax without reading the output again: per channel ``y = (x - mean) * k + b`` is monotone in
+``x``, so ``max relu(y)`` is attained at the channel's smallest or largest input.
 """
 
 from __future__ import annotations
@@ -20,10 +25,10 @@ import torch
 
 from ..numerics.quantize import round_and_clamp, scale_from_amax
 from ..spec import IntFormat, Rounding
-from .fused import _run, column_sum
+from .fused import _run, column_amax, column_sum
 
 __all__ = [
-    "dequantize_rows", "relu_grad", "batch_norm_forward_rows", "batch_norm_backward_rows", "relu_quantize_rows",
+    "dequantize_rows", "relu_grad", "batch_norm_forward_rows", "batch_norm_forward_float_rows", "batch_norm_backward_rows", "relu_quantize_rows",
     "add_rows",
 ]
 
@@ -73,6 +78,34 @@ def batch_norm_forward_rows(codes, scale, weight, bias, eps: float):
                 {"eps": float(eps)})
 
 
+def _bn_forward_float_impl(x, weight, bias, eps: float, fmt: IntFormat):
+    x = x.to(torch.float32)
+    m = x.shape[0]
+    mean = column_sum(x) / m
+    hi, lo = column_amax(x).reshape(-1), -column_amax(-x).reshape(-1)  # one pass with the sum when compiled
+    var = column_sum((x - mean).square()) / m
+    invstd = torch.rsqrt(var + eps)
+    k = invstd * weight
+    y = (x - mean) * k + bias
+    ends = torch.maximum((hi - mean) * k + bias, (lo - mean) * k + bias)  # y's largest value per channel
+    relu_amax = ends.clamp_min(0).amax().reshape(1)  # NaN/inf in x propagate here (min/max/mean keep them)
+    scale = scale_from_amax(torch.maximum(hi, -lo), fmt)  # = the per-channel absmax scale of x
+    codes = (round_and_clamp(x / scale, fmt, Rounding.NEAREST_EVEN) + _ZP).to(torch.uint8)
+    return codes, scale, y, mean, var, invstd, relu_amax
+
+
+def batch_norm_forward_float_rows(x, weight, bias, eps: float, bits: int = 8):
+    """Training batch norm of float rows that also quantizes its input for backward.
+
+    Returns ``(codes, scale, y, mean, biased var, invstd, relu_amax)``: the input's per-channel int8 codes
+    (uint8 = code + 128) and scales -- what :func:`batch_norm_backward_rows` recomputes the input from --, the
+    float output, the statistics, and ``max(relu(y))`` (``[1]``) from the per-channel extremes of ``x``: a ReLU
+    after it quantizes without an amax pass over ``y`` (equal to that pass up to float rounding).
+    """
+    return _run(_bn_forward_float_impl, {"x": x, "weight": weight, "bias": bias},
+                {"eps": float(eps), "fmt": IntFormat(bits)})
+
+
 def _bn_backward_impl(codes, scale, g, mean, invstd, weight):
     xhat = ((codes.to(torch.float32) - _ZP) * scale - mean) * invstd
     m = g.shape[0]
@@ -95,8 +128,19 @@ def _relu_quantize_impl(x: torch.Tensor, fmt: IntFormat):
     return codes.to(torch.uint8), scale
 
 
-def relu_quantize_rows(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReLU then per-tensor absmax quantization to ``bits``, round-half-even: ``(uint8 codes + 128, scale)``."""
+def _relu_quantize_known_impl(x: torch.Tensor, amax: torch.Tensor, fmt: IntFormat):
+    scale = scale_from_amax(amax, fmt)
+    codes = round_and_clamp(torch.relu(x.to(torch.float32)) / scale, fmt, Rounding.NEAREST_EVEN) + _ZP
+    return codes.to(torch.uint8), scale
+
+
+def relu_quantize_rows(x: torch.Tensor, bits: int = 8,
+                       amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReLU then per-tensor absmax quantization to ``bits``, round-half-even: ``(uint8 codes + 128, scale)``.
+
+    ``amax`` (``[1]``), when the producer already knows ``max(relu(x))``, saves the amax pass."""
+    if amax is not None:
+        return _run(_relu_quantize_known_impl, {"x": x, "amax": amax}, {"fmt": IntFormat(bits)})
     return _run(_relu_quantize_impl, {"x": x}, {"fmt": IntFormat(bits)})
 
 
