@@ -70,6 +70,9 @@ except ImportError:  # a checkout without `pip install -e .`
 import torch  # noqa: E402
 
 # variant -> (RunConfig fields, seeds): 3 seeds where the issue wants the tightest comparison, 2 elsewhere.
+#: The commit from which dataflow batch norm normalises exact values (earlier dataflow rows are superseded).
+DATAFLOW_BN_EXACT = "901097a"
+
 VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "fp32": ({"recipe": "fp32"}, 3),
     "bf16": ({"recipe": "bf16"}, 2),
@@ -683,6 +686,9 @@ def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st:
         "gradients 8 bits.",
         "integer-only: inttrain.micro's own integer weight update (none of the float optimizer's settings above "
         "apply).",
+        f"int8-dataflow*: since {DATAFLOW_BN_EXACT} batch norm normalises the convolution's exact output (its "
+        "int8 codes kept for backward only); earlier rows, batch norm on those codes: "
+        "superseded_dataflow_bn_codes.jsonl.",
     ]
     if missing:
         lines.append(f"**The trainer these rows ran on lacked {', '.join(missing)}: not the issue's settings.**")
