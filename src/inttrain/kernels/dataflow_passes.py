@@ -25,6 +25,7 @@ import torch
 
 from ..numerics.quantize import round_and_clamp, scale_from_amax
 from ..spec import IntFormat, Rounding
+from . import native, ops
 from .fused import _run, column_amax, column_sum
 
 __all__ = [
@@ -116,7 +117,13 @@ def _bn_backward_impl(codes, scale, g, mean, invstd, weight):
 
 
 def batch_norm_backward_rows(codes, scale, g, mean, invstd, weight):
-    """Training batch-norm backward with the input recomputed from its codes: ``(dx, dweight, dbias)``."""
+    """Training batch-norm backward with the input recomputed from its codes: ``(dx, dweight, dbias)``.
+
+    On the CPU the native kernel serves (``native/batch_norm.c``: Inductor's uint8 loads are slow on AVX2),
+    equal to the compiled pass up to float summation order."""
+    if codes.device.type == "cpu" and native.batch_norm_available():
+        per_channel = [t.reshape(-1).expand(g.shape[1]).contiguous() for t in (scale, mean, invstd, weight)]
+        return ops.batch_norm_backward_u8(codes, per_channel[0], g, *per_channel[1:])  # (a per-tensor scale too)
     return _run(_bn_backward_impl, {"codes": codes, "scale": scale, "g": g, "mean": mean, "invstd": invstd,
                                     "weight": weight}, {})
 

@@ -287,3 +287,30 @@ def quantize_rows_cols(dy: Tensor, row_mul: Tensor | None, col_mul: Tensor | Non
     seeds_t = torch.stack([torch.as_tensor(s, dtype=torch.int64, device=dy.device).reshape(())
                            for s in (seed_rows, seed_cols)])
     return torch.ops.inttrain.quantize_rows_cols(dy, row_mul, col_mul, seeds_t, qmax, *modes, col_sum)
+
+
+# ------------------------------------------------------------------------------ batch norm from uint8 codes
+
+
+def _batch_norm_backward_u8_fake(codes, scale, g, mean, invstd, weight):
+    c = g.shape[1]
+    return torch.empty_like(g), g.new_empty(c), g.new_empty(c)
+
+
+@operator(
+    "batch_norm_backward_u8(Tensor codes, Tensor scale, Tensor g, Tensor mean, Tensor invstd, Tensor weight) "
+    "-> (Tensor, Tensor, Tensor)",
+    _batch_norm_backward_u8_fake,
+)
+def _batch_norm_backward_u8(codes: Tensor, scale: Tensor, g: Tensor, mean: Tensor, invstd: Tensor,
+                            weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return native.batch_norm_backward_u8(codes, scale, g, mean, invstd, weight)
+
+
+def batch_norm_backward_u8(codes: Tensor, scale: Tensor, g: Tensor, mean: Tensor, invstd: Tensor,
+                           weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Batch-norm backward from uint8 codes on the native kernel (``native/batch_norm.c``); one graph node when
+    compiling.  Call only when ``native.batch_norm_available()`` and the tensors are on the CPU."""
+    if not torch.compiler.is_compiling():
+        return native.batch_norm_backward_u8(codes, scale, g, mean, invstd, weight)
+    return torch.ops.inttrain.batch_norm_backward_u8(codes, scale, g, mean, invstd, weight)

@@ -40,6 +40,7 @@ _GEMM_SOURCE = Path(__file__).with_name("gemm_amx.c")
 _GEMM_AVX2_SOURCE = Path(__file__).with_name("gemm_avx2.c")
 _CONV_AMX_SOURCE = Path(__file__).with_name("conv_amx.c")
 _CONV_AVX2_SOURCE = Path(__file__).with_name("conv_avx2.c")
+_BATCH_NORM_SOURCE = Path(__file__).with_name("batch_norm.c")
 # -fopenmp: the parallel sections run on torch's OpenMP team (libgomp.so.1, already loaded by torch)
 _FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fopenmp", "-std=c11")
 
@@ -219,12 +220,49 @@ def _setup_conv_avx2(lib: ctypes.CDLL) -> None:
                                                + [ctypes.c_void_p] * 5 + [ctypes.c_int64])})
 
 
+def _setup_batch_norm(lib: ctypes.CDLL) -> None:
+    _declare(lib, {"inttrain_bn_backward_u8": (ctypes.c_int, [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+                                               + [ctypes.c_void_p] * 7 + [ctypes.c_int64])})
+
+
 LIBRARY = NativeLibrary(_SOURCE)
 QUANTIZE_LIBRARY = NativeLibrary(_QUANTIZE_SOURCE, setup=_setup_quantize)
 GEMM_LIBRARY = NativeLibrary(_GEMM_SOURCE, setup=_setup_gemm)
 GEMM_AVX2_LIBRARY = NativeLibrary(_GEMM_AVX2_SOURCE, setup=_setup_gemm_avx2)
 CONV_AMX_LIBRARY = NativeLibrary(_CONV_AMX_SOURCE, setup=_setup_conv_amx)
 CONV_AVX2_LIBRARY = NativeLibrary(_CONV_AVX2_SOURCE, setup=_setup_conv_avx2)
+BATCH_NORM_LIBRARY = NativeLibrary(_BATCH_NORM_SOURCE, setup=_setup_batch_norm)
+
+
+def batch_norm_available() -> bool:
+    """Whether the native batch-norm backward from uint8 codes runs here (any x86-64 CPU with a C compiler)."""
+    return BATCH_NORM_LIBRARY.load() is not None
+
+
+def batch_norm_backward_u8(codes: Tensor, scale: Tensor, g: Tensor, mean: Tensor, invstd: Tensor, weight: Tensor,
+                           threads: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Training batch-norm backward of channels-last rows whose input is ``scale * (codes - 128)``.
+
+    ``codes`` uint8 ``[M, C]``, ``g`` float32 ``[M, C]`` (both contiguous, CPU), ``scale``, ``mean``, ``invstd``,
+    ``weight`` float32 ``[C]``.  Returns ``(dx, dweight, dbias)`` (see ``batch_norm.c``)."""
+    lib = BATCH_NORM_LIBRARY.load()
+    if lib is None:
+        raise RuntimeError(f"native batch norm unavailable: {BATCH_NORM_LIBRARY.reason}")
+    if codes.dtype != torch.uint8 or g.dtype != torch.float32 or codes.shape != g.shape or g.dim() != 2:
+        raise TypeError(f"batch_norm_backward_u8 takes uint8 codes and float32 g of one [M, C] shape, got "
+                        f"{codes.dtype} {tuple(codes.shape)} and {g.dtype} {tuple(g.shape)}")
+    m, c = g.shape
+    per_channel = [t.contiguous().float() for t in (scale.reshape(-1), mean.reshape(-1), invstd.reshape(-1),
+                                                    weight.reshape(-1))]
+    if any(t.numel() != c for t in per_channel) or any(t.device.type != "cpu" for t in (codes, g)):
+        raise TypeError("batch_norm_backward_u8 takes CPU tensors with one scale, mean, invstd and weight per channel")
+    codes, g = codes.contiguous(), g.contiguous()
+    dx, dw, db = torch.empty_like(g), g.new_empty(c), g.new_empty(c)
+    if lib.inttrain_bn_backward_u8(codes.data_ptr(), g.data_ptr(), m, c, *(t.data_ptr() for t in per_channel),
+                                   dx.data_ptr(), dw.data_ptr(), db.data_ptr(),
+                                   threads or torch.get_num_threads()) != 0:
+        raise MemoryError("batch_norm_backward_u8: out of memory for its per-thread sums")
+    return dx, dw, db
 
 
 def available() -> bool:
