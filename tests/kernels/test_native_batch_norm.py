@@ -64,3 +64,9 @@ def test_wrong_inputs_are_refused_before_the_kernel_runs():
         native.batch_norm_backward_u8(codes[:5], scale, g, mean, invstd, weight)
     with pytest.raises(TypeError, match="one scale, mean, invstd and weight per channel"):
         native.batch_norm_backward_u8(codes, scale, g, mean[:3], invstd, weight)
+
+
+def test_env_names_the_batch_norm_kernel():
+    from inttrain import kernels
+
+    assert "batch_norm.c" in kernels.describe()["dataflow batch-norm backward (cpu)"]

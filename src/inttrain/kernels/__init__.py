@@ -60,6 +60,8 @@ def describe() -> dict[str, str]:
         "conv2d forward/input grad (cpu)": conv_fwd,
         "conv2d weight grad (cpu)": conv_wgrad,
         "quantize/epilogue fusion": "torch.compile" if compile_enabled() else "eager (INTTRAIN_COMPILE=0)",
+        "dataflow batch-norm backward (cpu)": ("native (kernels/native/batch_norm.c)" if native.batch_norm_available()
+                                               else "the compiled pass (kernels/dataflow_passes.py)"),
         "cpu capability": str(torch.backends.cpu.get_cpu_capability()),
     }
     if torch.cuda.is_available():
