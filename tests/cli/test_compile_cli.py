@@ -4,6 +4,7 @@ resumes exactly; the default follows inttrain.trainer.compiled.auto_compile."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ def test_train_compiled_runs_and_logs_compile_time(tmp_path: Path, dataflow: lis
     log = (out / "train.log").read_text() if (out / "train.log").exists() else "".join(
         p.read_text() for p in out.glob("*.log"))
     assert "torch.compile: forward graph built in" in log
+    assert re.search(r"torch\.compile: first step took \d+\.\d s \(forward graph \d+\.\d s, backward graph and the "
+                     r"step \d+\.\d s\)", log)
     assert "training eagerly" not in log
     assert json.loads((out / "summary.json").read_text())["steps"] == 6
 

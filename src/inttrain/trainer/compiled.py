@@ -50,6 +50,9 @@ class CompiledForward:
         self.failed = False
         self.first = True
         self.eager_calls = eager_calls
+        # (start of the first compiled call, seconds its forward graph took): the backward graph compiles during
+        # the first backward, so the whole first step is reported when the next call arrives.
+        self.first_step: tuple[float, float] | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.failed:
@@ -58,6 +61,11 @@ class CompiledForward:
             self.eager_calls -= 1
             return self.model(x)
         if not self.first:
+            if self.first_step is not None:
+                t0, forward_s = self.first_step
+                self.first_step = None
+                self.log(f"torch.compile: first step took {time.perf_counter() - t0:.1f} s (forward graph "
+                         f"{forward_s:.1f} s, backward graph and the step {time.perf_counter() - t0 - forward_s:.1f} s)")
             return self.compiled(x)
         t0 = time.perf_counter()
         try:
@@ -68,6 +76,8 @@ class CompiledForward:
             self.log(f"torch.compile failed ({type(exc).__name__}: {reason}); training eagerly (--no-compile to skip)")
             return self.model(x)
         self.first = False
-        self.log(f"torch.compile: forward graph built in {time.perf_counter() - t0:.1f} s (backward compiles on "
-                 "the first backward)")
+        forward_s = time.perf_counter() - t0
+        self.first_step = (t0, forward_s)
+        self.log(f"torch.compile: forward graph built in {forward_s:.1f} s (backward compiles on the first "
+                 "backward)")
         return out
