@@ -156,8 +156,9 @@ int inttrain_conv_fwd_avx2(const uint8_t *x, const int8_t *w, float x_scale, con
     threads = threads < 1 ? 1 : threads;
     int16_t *wp = calloc((size_t)(cob * taps * pairs * 16), sizeof(int16_t));
     float *scale = calloc((size_t)(cob * 8), sizeof(float));
-    if (!wp || !scale) {
-        free(wp), free(scale);
+    int64_t *tap_off = malloc((size_t)taps * sizeof(int64_t)); /* up to 64K taps: not on the stack */
+    if (!wp || !scale || !tap_off) {
+        free(wp), free(scale), free(tap_off);
         return 2;
     }
     for (int64_t o = 0; o < co; ++o) { /* wp[o / 8][tap][c / 2][o % 8][c % 2] = w[o][c][tap] */
@@ -167,7 +168,6 @@ int inttrain_conv_fwd_avx2(const uint8_t *x, const int8_t *w, float x_scale, con
         scale[o] = (float)((double)x_scale * (double)w_scale[w_per_channel ? o : 0]); /* rounded once */
     }
     pad_codes(x, n, h, wd, ci, ci2, ph, pw, xp, threads);
-    int64_t tap_off[taps];
     for (int64_t t = 0; t < taps; ++t) tap_off[t] = ((t / kw) * dims[13] * (wd + 2 * pw) + (t % kw) * dims[14]) * ci2;
     fwd_job job = {xp, wp, scale, out, tap_off, n * ho * wo, co, pairs, taps, h + 2 * ph, wd + 2 * pw, ho, wo,
                    dims[11], dims[12], ci2};
@@ -183,7 +183,7 @@ int inttrain_conv_fwd_avx2(const uint8_t *x, const int8_t *w, float x_scale, con
         else
             fwd_tile_v1(&job, m0, c0);
     }
-    free(wp), free(scale);
+    free(wp), free(scale), free(tap_off);
     return 0;
 }
 
