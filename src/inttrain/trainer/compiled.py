@@ -64,8 +64,9 @@ class CompiledForward:
             if self.first_step is not None:
                 t0, forward_s = self.first_step
                 self.first_step = None
-                self.log(f"torch.compile: first step took {time.perf_counter() - t0:.1f} s (forward graph "
-                         f"{forward_s:.1f} s, backward graph and the step {time.perf_counter() - t0 - forward_s:.1f} s)")
+                total = time.perf_counter() - t0
+                self.log(f"torch.compile: first step took {total:.1f} s (forward graph {forward_s:.1f} s, backward "
+                         f"graph and the step {total - forward_s:.1f} s)")
             return self.compiled(x)
         t0 = time.perf_counter()
         try:
