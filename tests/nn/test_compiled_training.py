@@ -138,3 +138,24 @@ def test_wide_linear_gemms_compile_to_one_graph():
     reset_kernel_calls()
     run(x).square().sum().backward()
     assert int_kernel_calls().get("int8_mm", 0) == 5  # 2 forward, 2 weight-gradient, 1 input-gradient GEMM (x needs none)
+
+
+def test_compiled_model_follows_a_precision_change():
+    """The integer layers' autograd Functions are ``allow_in_graph`` (Dynamo does not trace inside them), so
+    their precision reaches the graph as a constant: a schedule that swaps it (CPT's bits) must recompile, not
+    keep running the old bits."""
+    from inttrain.schedules.scheduler import set_model_bits
+
+    torch.manual_seed(0)
+    compiled_model = build_model("small-cnn", 10, 1, 28)
+    inttrain.prepare_(compiled_model, "int8")
+    eager = copy.deepcopy(compiled_model)
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    run = torch.compile(compiled_model, fullgraph=True)
+    losses = {}
+    for bits in (8, 3):
+        set_model_bits(compiled_model, bits, 8)
+        set_model_bits(eager, bits, 8)
+        losses[bits] = _loss(run, x, y).item()
+        assert losses[bits] == pytest.approx(_loss(eager, x, y).item(), rel=2e-3)
+    assert losses[3] != pytest.approx(losses[8], rel=1e-3)  # 3-bit codes do change the loss

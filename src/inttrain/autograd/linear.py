@@ -161,6 +161,7 @@ def _input_grad(ctx, dy2, weight, w_codes, codes, seeds):
     return dequant_epilogue(int_mm(qg, qw, reuse_output=True), sg, sw)
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _IntLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, prec: LayerPrecision, seeds: GemmSeeds, grad_hook=None, emit_int8=False):

@@ -13,6 +13,7 @@ import torch
 __all__ = ["relu_int8_mask"]
 
 
+@torch.compiler.allow_in_graph  # see autograd/conv.py
 class _ReluInt8Mask(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
