@@ -69,6 +69,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--batch", type=int, default=128)
     args = p.parse_args()
+    for name in ("threads", "rounds", "batch"):  # judged before anything is built or compiled
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     from speed import cpu_flags, cpu_model  # benchmarks/speed.py (run as a script): the speed table's CPU line
 
     torch.set_num_threads(args.threads)
