@@ -99,6 +99,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "cpt-3-8": ({"recipe": "int8", "schedule": "cpt", "schedule_min_bits": 3, "schedule_max_bits": 8,
                  "schedule_cycles": 32, "schedule_grad_bits": 8}, 2),
     "integer-only": ({"recipe": "integer-only"}, 2),
+    # each batch norm's output scaled by 2**3, Banner et al.'s range correction (IntegerOnlyConfig.bn_gain_shift)
+    "integer-only-bngain": ({"recipe": "integer-only", "bn_gain_shift": 3}, 2),
 }
 #: Issue 16's "done means": variant -> (reference variant, largest allowed paired mean deficit in points, largest
 #: training BitOPs as a fraction of int8's or None).
@@ -109,7 +111,7 @@ TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8-bf16act": ("fp32", 0.2, None),
     "int8-dataflow-fl": ("fp32", 0.2, None),
     **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "wageubn-gsr", "dorefa-8")},
-    "cpt-3-8": ("int8", 0.3, 0.6), "integer-only": ("fp32", 3.0, None),
+    "cpt-3-8": ("int8", 0.3, 0.6), "integer-only": ("fp32", 3.0, None), "integer-only-bngain": ("fp32", 3.0, None),
 }
 #: The trainer's optimisation knobs this benchmark sets (issue 16's settings); see the module docstring.
 KNOB_NAMES = ("weight_decay", "momentum", "nesterov", "lr_schedule", "warmup_epochs")
@@ -138,6 +140,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not (args.data or args.report):
         p.error("--data is required (e.g. ../shared/data/cifar10_train20k.npz); --report alone does not need it")
+    for flag in ("val_size", "train_size", "epochs", "batch_size", "seeds", "probe_every"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:             # judged before any job starts, not after one fails
+            p.error(f"--{flag.replace('_', '-')} {value}: allowed: 1 or more")
     return finish_job_args(p, args, list(VARIANTS), headline="final_val_accuracy")
 
 
@@ -394,7 +400,7 @@ def load_splits(args: argparse.Namespace) -> Any:
 INTEGER_ONLY_X_EXP = -5
 
 
-def integer_only_model(args: argparse.Namespace, splits: Any, seed: int) -> Any:
+def integer_only_model(args: argparse.Namespace, splits: Any, seed: int, variant: str = "integer-only") -> Any:
     """The integer-only model of ``args.model`` at seed ``seed``: the same float initial weights as every other
     variant's seed ``seed`` (``torch.manual_seed(seed)`` before ``build_model``), converted to integer codes.  The
     engine has no biases (docs/integer-training.md §4), so the classifier's bias is dropped."""
@@ -403,7 +409,8 @@ def integer_only_model(args: argparse.Namespace, splits: Any, seed: int) -> Any:
 
     torch.manual_seed(seed)
     model = build_model(args.model, splits.num_classes, splits.in_channels, splits.image_size)
-    return convert(model, IntegerOnlyConfig(drop_bias=True),
+    options = {k: v for k, v in VARIANTS[variant][0].items() if k != "recipe"}
+    return convert(model, IntegerOnlyConfig(drop_bias=True, **options),
                    input_shape=[splits.in_channels, splits.image_size, splits.image_size])
 
 
@@ -423,14 +430,15 @@ def _micro_history(folder: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text()).get("history", []) if path.is_file() else []
 
 
-def run_integer_only_job(args: argparse.Namespace, seed: int, splits: Any, base: dict[str, Any]) -> int:
+def run_integer_only_job(args: argparse.Namespace, seed: int, splits: Any, base: dict[str, Any],
+                         variant: str = "integer-only") -> int:
     """Train (or resume) an integer-only job with the device engine's CLI, ``python -m inttrain.micro train``
     (bit-exact with the torch engine :mod:`inttrain.integer_only`; an atomic checkpoint after every epoch, resumed
     bit for bit), with its documented defaults (norm step rule, cosine schedule with a quarter-epoch warm-up,
     rounding rne/hstoch/pstoch, no momentum or decay) and this benchmark's epochs, batch size and crop-flip."""
     from inttrain.micro.__main__ import main as micro_main
 
-    name = job_name("integer-only", seed)
+    name = job_name(variant, seed)
     folder = args.runs / name
     run_dir = folder / "micro"
     started = time.time()
@@ -442,7 +450,7 @@ def run_integer_only_job(args: argparse.Namespace, seed: int, splits: Any, base:
         code = micro_main(["train", "--resume", str(run_dir), "--log-every", "25"])
     else:
         try:
-            model = integer_only_model(args, splits, seed)
+            model = integer_only_model(args, splits, seed, variant)
         except (TypeError, ValueError) as e:
             reason = f"inttrain.recipes.integer_only.convert cannot take {args.model}: {e}"
             append_row(args.out, {**base, "status": "skipped", "reason": reason})
@@ -484,8 +492,8 @@ def run_job(args: argparse.Namespace, variant: str, seed: int, splits: Any) -> i
     """Train (or resume) one job in its run folder; append its row when it finishes. Returns an exit code."""
     name = job_name(variant, seed)
     base = {"variant": variant, "seed": seed, "settings": settings(args)}
-    if variant == "integer-only":  # its own engine and loop (a model convert cannot take is recorded as skipped)
-        return run_integer_only_job(args, seed, splits, base)
+    if VARIANTS[variant][0]["recipe"] == "integer-only":  # its own engine and loop (a model convert cannot take
+        return run_integer_only_job(args, seed, splits, base, variant)  # is recorded as skipped)
     knob_fields, knob_args, missing = trainer_knobs({k: getattr(args, k) for k in KNOB_NAMES})
     cfg = run_config(args, variant, seed, knob_fields)
     folder_path = args.runs / name

@@ -17,10 +17,30 @@ def test_jobs_seed_major_with_three_seeds_for_the_tight_variants(bench) -> None:
     jobs = bench.all_jobs(args)
     # fp32, int8, int8-dataflow, int8-gsr, int8-dataflow-gsr, int8-fl, int8-bf16act, int8-dataflow-fl: 3 seeds;
     # int8-dataflow-nearest 1; the rest 2
-    assert len(jobs) == 8 * 3 + 9 * 2 + 1
-    assert jobs[:18] == [(v, 0) for v in bench.VARIANTS]
+    assert len(jobs) == 8 * 3 + 10 * 2 + 1
+    assert jobs[:19] == [(v, 0) for v in bench.VARIANTS]
     assert jobs[-8:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2), ("int8-gsr", 2), ("int8-dataflow-gsr", 2),
                          ("int8-fl", 2), ("int8-bf16act", 2), ("int8-dataflow-fl", 2)]
+
+
+def test_integer_only_bngain_converts_with_its_batch_norm_gain(bench, tmp_path: Path) -> None:
+    """The variant's options reach IntegerOnlyConfig: its initial model is integer-only's with every batch norm's
+    gain_shift 3, the same weight codes."""
+    out, common = _tiny_run(tmp_path, "integer-only,integer-only-bngain")
+    assert bench.main(common) == 0
+    inits = [json.loads((out / "runs" / f"{v}-s0" / "init" / "model.json").read_text())
+             for v in ("integer-only", "integer-only-bngain")]
+    norms = [[spec for spec in d["layers"] if spec["type"] == "batchnorm"] for d in inits]
+    assert norms[0] and all("gain_shift" not in spec for spec in norms[0])
+    assert norms[1] == [{**spec, "gain_shift": 3} for spec in norms[0]]
+    assert inits[0]["params"] == inits[1]["params"]
+
+
+@pytest.mark.parametrize("flag", ["--epochs", "--batch-size", "--train-size", "--val-size", "--seeds"])
+def test_sizes_below_one_get_one_error_line_and_exit_2(bench, flag: str, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--data", "x.npz", flag, "0"])
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f"error: {flag} 0: allowed: 1 or more")
 
 
 def _row(variant: str, seed: int, acc: float, gbitops: float | None = None) -> dict:

@@ -91,6 +91,22 @@ def test_resnet_bn_lockstep(digits, bits, momentum):
     _lockstep({**RESNET, "weight_bits": bits}, digits, 8, 8, momentum)
 
 
+def _with_gain(layers, shift):
+    """The layers with every batch norm's ``gain_shift`` set (residuals recursed)."""
+    out = []
+    for spec in layers:
+        if spec["type"] == "batchnorm":
+            spec = {**spec, "gain_shift": shift}
+        elif spec["type"] == "residual":
+            spec = {**spec, "layers": _with_gain(spec["layers"], shift), "shortcut": _with_gain(spec.get("shortcut", []), shift)}
+        out.append(spec)
+    return out
+
+
+def test_resnet_bn_gain_shift_lockstep(digits):
+    _lockstep({**RESNET, "layers": _with_gain(RESNET["layers"], 3)}, digits, 6, 8, 2, lr_mode="norm", lr_bits=10)
+
+
 def test_norm_rule_with_a_separate_batch_norm_step_stays_in_lockstep(digits):
     _lockstep(RESNET, digits, 6, 8, 2, lr_mode="norm", lr_bits=10, bn_lr_bits=8, adapt_exp=True)
 

@@ -31,6 +31,9 @@ CNN = {"input_shape": [1, 12, 12], "layers": [             # max pool, a 3x3 (no
 BN_RES = {"input_shape": [1, 8, 8], "layers": [
     C(1, 8), BN(8), R, {"type": "residual", "layers": [C(8, 8), BN(8), R, C(8, 8)]}, R,
     {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"}, {"type": "linear", "in_features": 128, "out_features": 5}]}
+BN_RES_GAIN = {**BN_RES, "layers": [C(1, 8), {**BN(8), "gain_shift": 3}, R,    # batch norms scaled by 2**gain_shift
+                                     {"type": "residual", "layers": [C(8, 8), {**BN(8), "gain_shift": 2}, R, C(8, 8)]},
+                                     *BN_RES["layers"][4:]]}
 PROJ = {"input_shape": [1, 9, 9], "layers": [              # residual first (no input error), projection shortcut, global pool
     {"type": "residual", "layers": [C(1, 4), R], "shortcut": [C(1, 4, k=1, p=0)]}, C(4, 4), R,
     {"type": "residual", "layers": [C(4, 8, s=2), BN(8)], "shortcut": [C(4, 8, k=1, s=2, p=0)]}, R,
@@ -51,7 +54,8 @@ def _check(desc, steps=5, batch=8, lr=3, mom=None, x_exp=-7, data=None, **kw):
 @pytest.mark.parametrize("name,desc,mom,low_ram", [
     ("mlp", MLP, None, False), ("mlp_low_ram", MLP, None, True), ("cnn", CNN, None, False),
     ("cnn_momentum_low_ram", CNN, 2, True), ("bn_residual", BN_RES, None, False),
-    ("bn_residual_low_ram", BN_RES, None, True), ("projection", PROJ, 2, False)])
+    ("bn_residual_low_ram", BN_RES, None, True), ("bn_residual_gain", BN_RES_GAIN, 2, False),
+    ("projection", PROJ, 2, False)])
 def test_codegen_bit_exact(name, desc, mom, low_ram):
     r = _check(desc, mom=mom, low_ram=low_ram)
     assert r.ok, r.message

@@ -60,19 +60,19 @@ def _float_bn_grads(bn, g):
     ex, shape, xh, r, k, g8 = bn.saved
     gc = np.moveaxis(g.to_float(), 1, 0).reshape(shape[1], -1)
     xf = xh / 128.0
-    gamma = g8.q.astype(np.float64) * 2.0 ** g8.exp
+    gamma = g8.q.astype(np.float64) * 2.0 ** (g8.exp + bn.gain_shift)
     sigma = np.maximum(r, 1).astype(np.float64) * 2.0 ** ex
     proj = (gc * xf).sum(1, keepdims=True) / np.maximum((xf * xf).sum(1, keepdims=True), 1e-300)
     gx = gamma[:, None] / sigma[:, None] * (gc - gc.mean(1, keepdims=True) - xf * proj)
     gx[r == 0] = 0
-    return gx, (gc * xf).sum(1), gc.sum(1)
+    return gx, (gc * xf).sum(1) * 2.0 ** bn.gain_shift, gc.sum(1)
 
 
-@pytest.mark.parametrize("shape", [(32, 6), (8, 4, 6, 6)])
-def test_bn_backward_matches_float_formula(shape):
+@pytest.mark.parametrize("shape,gain_shift", [((32, 6), 0), ((8, 4, 6, 6), 0), ((8, 4, 6, 6), 3)])
+def test_bn_backward_matches_float_formula(shape, gain_shift):
     rng = np.random.default_rng(2)
     x = rng.integers(-127, 128, size=shape) // rng.integers(1, 8, size=(1, shape[1]) + (1,) * (len(shape) - 2))
-    bn = BatchNorm(shape[1])
+    bn = BatchNorm(shape[1], gain_shift=gain_shift)
     bn.gamma.acc[:] = rng.integers(2000, 8000, shape[1])
     bn.forward(IntTensor(x.astype(np.int8), -6))
     g = IntTensor(rng.integers(-127, 128, size=shape).astype(np.int8), -9)
@@ -84,6 +84,36 @@ def test_bn_backward_matches_float_formula(shape):
     assert 0.95 < np.linalg.norm(got) / np.linalg.norm(ref_x) < 1.05
     assert np.array_equal(bn.gamma.grad * 2.0 ** bn.gamma.grad_exp, ref_gamma)   # exact sums
     assert np.array_equal(bn.beta.grad * 2.0 ** bn.beta.grad_exp, ref_beta)
+
+
+@pytest.mark.parametrize("gain_shift", [1, 3])
+def test_bn_gain_shift_scales_output_and_gradients_by_an_exact_power_of_two(gain_shift):
+    """``gain_shift`` s (Banner et al.'s range correction as a power of two) only moves exponents: with beta = 0
+    the output and input-error codes are those of s = 0 at exponent + s, dgamma is 2**s larger, dbeta unchanged;
+    with a beta the output is 2**s * gamma * (x - mean) / range + beta."""
+    rng = np.random.default_rng(4)
+    x = IntTensor(rng.integers(-127, 128, size=(8, 4, 6, 6)).astype(np.int8), -6)
+    g = IntTensor(rng.integers(-127, 128, size=(8, 4, 6, 6)).astype(np.int8), -9)
+    plain, gained = BatchNorm(4), BatchNorm(4, gain_shift=gain_shift)
+    gamma = rng.integers(2000, 8000, 4)
+    plain.gamma.acc[:], gained.gamma.acc[:] = gamma, gamma
+    y0, y1 = plain.forward(x), gained.forward(x)
+    assert np.array_equal(y0.q, y1.q) and y1.exp == y0.exp + gain_shift
+    gx0, gx1 = plain.backward(g), gained.backward(g)
+    assert np.array_equal(gx0.q, gx1.q) and gx1.exp == gx0.exp + gain_shift
+    assert np.array_equal(plain.gamma.grad, gained.gamma.grad)
+    assert gained.gamma.grad_exp == plain.gamma.grad_exp + gain_shift
+    assert np.array_equal(plain.beta.grad, gained.beta.grad) and gained.beta.grad_exp == plain.beta.grad_exp
+    gained.beta.acc[:] = rng.integers(-3000, 3000, 4)
+    y = gained.forward(x).to_float()
+    xc = x.to_float()
+    mean = xc.mean(axis=(0, 2, 3), keepdims=True)
+    rng_ = xc.max(axis=(0, 2, 3), keepdims=True) - xc.min(axis=(0, 2, 3), keepdims=True)
+    g8, b8 = gained.gamma.int8().to_float(), gained.beta.int8().to_float()
+    ref = 2.0 ** gain_shift * g8[None, :, None, None] * (xc - mean) / rng_ + b8[None, :, None, None]
+    assert np.abs(y - ref).max() < 0.03 * np.abs(ref).max()
+    assert gained.describe() == {"type": "batchnorm", "num_features": 4, "gain_shift": gain_shift}
+    assert plain.describe() == {"type": "batchnorm", "num_features": 4}
 
 
 def test_residual_backward_sums_both_paths():
@@ -118,6 +148,9 @@ def test_descriptions_validated():
     with pytest.raises(ValueError, match="batch-statistics"):
         Sequential.from_description({"input_shape": [10], "layers": [BN(10)]}).check_batch(132105)
     Sequential.from_description({"input_shape": [10], "layers": [BN(10)]}).check_batch(132104)
+    for gain in (-1, 9, True, "3", 2.0):
+        with pytest.raises(MicroFormatError, match=r"'gain_shift' must be an integer in \[0, 8\]"):
+            Sequential.from_description({"input_shape": [10], "layers": [{**BN(10), "gain_shift": gain}]})
     d = Sequential.from_description(PROJ).desc
     assert d["layers"][2]["shortcut"][0]["stride"] == 2 and d["layers"][2]["layers"][1] == BN(8)
 
@@ -132,6 +165,16 @@ def test_save_load_roundtrip(tmp_path):
     assert "layers.2.block.1.gamma" in names and "layers.2.shortcut.0.weight" in names
     for (_, a), (_, b) in zip(m.named_params(), back.named_params()):
         assert np.array_equal(a.acc, b.acc) and a.exp == b.exp and b.acc.dtype == np.int8
+
+
+def test_gain_shift_survives_save_and_load(tmp_path):
+    desc = {**PROJ, "layers": [*PROJ["layers"][:2], {**PROJ["layers"][2], "layers": [C(4, 8, s=2), {**BN(8), "gain_shift": 3}]},
+                               *PROJ["layers"][3:]]}
+    m = Sequential.from_description(desc)
+    assert m.desc["layers"][2]["layers"][1]["gain_shift"] == 3 and m.layers[2].block[1].gain_shift == 3
+    save_model(m, tmp_path / "g")
+    back = load_model(tmp_path / "g")
+    assert back.layers[2].block[1].gain_shift == 3 and back.desc == m.desc
 
 
 @pytest.fixture(scope="module")

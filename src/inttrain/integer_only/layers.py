@@ -212,10 +212,12 @@ class BatchNorm(Layer, _ml.BatchNorm):
     """Integer range batch normalization (docs §4.2): :class:`inttrain.micro.layers.BatchNorm` on torch, over
     given ``gamma``/``beta`` parameters."""
 
-    def __init__(self, gamma: Param, beta: Param, fwd_round: str = "rne", bwd_round: str = "pstoch"):
+    def __init__(self, gamma: Param, beta: Param, fwd_round: str = "rne", bwd_round: str = "pstoch",
+                 gain_shift: int = 0):
         self.gamma, self.beta = gamma, beta
         gamma.role = beta.role = "norm"
         self.num_features = gamma.acc.shape[0]
         self.fwd_round, self.bwd_round = fwd_round, bwd_round
+        self.gain_shift = gain_shift
         self.params = [gamma, beta]
         self.last_acc: torch.Tensor | None = None

@@ -76,7 +76,7 @@ def _layers_from_micro(specs: list[dict], mlayers: list, r: dict, device) -> lis
         "globalavgpool2d": lambda s, m: AvgPool2d(0, True, f, b),
         "relu": lambda s, m: ReLU(),
         "flatten": lambda s, m: Flatten(),
-        "batchnorm": lambda s, m: BatchNorm(p(m.gamma), p(m.beta), f, b),
+        "batchnorm": lambda s, m: BatchNorm(p(m.gamma), p(m.beta), f, b, m.gain_shift),
         "residual": lambda s, m: Residual(_layers_from_micro(s["layers"], m.block, r, device),
                                           _layers_from_micro(s["shortcut"], m.shortcut, r, device), f, b),
     }

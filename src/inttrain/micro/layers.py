@@ -588,6 +588,9 @@ class SequentialCore:
         run_backward(self.layers, g)
 
 
+#: Largest ``gain_shift`` of a batch norm (its output scaled by 2**gain_shift; see BatchNorm).
+MAX_GAIN_SHIFT = 8
+
 BN_MAX_COUNT = INT32_LIMIT // (127 * 128)   # 132104: sum of G << 7 over the batch fits int32
 
 
@@ -619,7 +622,10 @@ class BatchNorm(Layer):
     Per channel c (axis 1; statistics over the batch and, for (N, C, H, W), the pixels; M values):
     mu = rdiv(sum X, M); D = X - mu; r = max X - min X; inv = rdiv(2**23, r);
     Xh = sat8(shift(D * inv, 16, forward)) at exponent -7 (|Xh| <= 128: 128 D / r, the range-normalized
-    input); A = Xh * G8 + shift(B8, (eγ - 7) - eβ) at exponent eγ - 7; y = R_f(A).
+    input); A = Xh * G8 + shift(B8, (eγ - 7 + s) - eβ) at exponent eγ - 7 + s; y = R_f(A), where s is
+    ``gain_shift`` (0 by default): the output times 2**s, Banner et al.'s range correction as an exponent (the
+    range of M values is ~2 sqrt(2 ln M) standard deviations, ~9 at ResNet-20's M; s = 3 restores about unit
+    scale), so no code changes, only exponents (forward, dgamma and the input error, each + s).
     The exact 1 / r (a fixed-point reciprocal, |D * inv| < 2**31 for int8 inputs) replaced a shift by
     bitlen(r) - 7, which scaled each channel by 128 / 2**bitlen(r), anywhere in (64 / r, 128 / r]: a channel
     whose range crossed a power of two between batches saw its output halve or double.  Measured on the
@@ -629,9 +635,11 @@ class BatchNorm(Layer):
     trained by the integer SGD; always batch statistics (no running averages).
     """
 
-    def __init__(self, num_features: int, bits: int = 16, fwd_round: str = "rne", bwd_round: str = "pstoch"):
+    def __init__(self, num_features: int, bits: int = 16, fwd_round: str = "rne", bwd_round: str = "pstoch",
+                 gain_shift: int = 0):
         self.num_features = num_features
         self.fwd_round, self.bwd_round = fwd_round, bwd_round
+        self.gain_shift = gain_shift
         e = -((qmax(bits) // 4).bit_length() - 1)          # 1.0 -> 2**-e ~ a quarter of the range
         self.gamma = Param(np.full(num_features, 1 << -e, dtype=np.int64), e, bits)
         self.beta = Param(np.zeros(num_features, dtype=np.int64), e, bits)
@@ -659,7 +667,7 @@ class BatchNorm(Layer):
         k = ops.bitlen(r)
         xh = ops.saturate(ops.shift(d * range_reciprocal(r, 23, ops)[:, None], 16, self.fwd_round), 8)
         g8, b8 = self.gamma.int8(), self.beta.int8()
-        eo = g8.exp - 7
+        eo = g8.exp - 7 + self.gain_shift            # Xh * G8 is 2**gain_shift * gamma * Xh at exponent eo
         bal = ops.shift(ops.wide(b8.q), eo - b8.exp, self.fwd_round)
         acc = xh * ops.wide(g8.q)[:, None] + bal[:, None]
         self.saved = (x.exp, tuple(x.q.shape), xh, r, k, g8)
@@ -673,7 +681,7 @@ class BatchNorm(Layer):
         m = gc.shape[1]
         dbeta = ops.check_int32(ops.sum(gc, 1), "batchnorm beta grad")
         dgamma = ops.check_int32(ops.sum(gc * xh, 1), "batchnorm gamma grad")
-        self.gamma.grad, self.gamma.grad_exp = ops.weight_grad(dgamma), g.exp - 7
+        self.gamma.grad, self.gamma.grad_exp = ops.weight_grad(dgamma), g.exp - 7 + self.gain_shift
         self.beta.grad, self.beta.grad_exp = ops.weight_grad(dbeta), g.exp
         if not self.need_input_grad:
             return None
@@ -685,7 +693,9 @@ class BatchNorm(Layer):
         kmin = int(k[live].min()) if live.any() else 0
         # dXh/dX = 128 / r: a * 2**(kmin - 1) / r (<= a: r >= 2**(kmin - 1), so int32 holds it; dead channels 0)
         out = ops.shift(a * range_reciprocal(r, kmin + 15, ops)[:, None], 16, self.bwd_round)
-        return ops.requantize(self._uncm(out, shape), g.exp - 14 + g8.exp - ex - kmin + 1, self.bwd_round)
+        return ops.requantize(self._uncm(out, shape), g.exp - 14 + g8.exp - ex - kmin + 1 + self.gain_shift,
+                              self.bwd_round)
 
     def describe(self):
-        return {"type": "batchnorm", "num_features": self.num_features}
+        d = {"type": "batchnorm", "num_features": self.num_features}
+        return {**d, "gain_shift": self.gain_shift} if self.gain_shift else d

@@ -11,7 +11,7 @@ import numpy as np
 from .augment import augment_batch
 from .errors import MicroFormatError
 from .io import read_json, read_npz, read_safetensors, write_safetensors
-from .layers import (BN_MAX_COUNT, MAX_K, MAX_POOL_WINDOW, AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Residual,
+from .layers import (BN_MAX_COUNT, MAX_GAIN_SHIFT, MAX_K, MAX_POOL_WINDOW, AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Residual,
                      SequentialCore)
 from .loss import display_loss, softmax_cross_entropy_grad
 from .ops import ROUNDING_MODES, IntTensor, qmax
@@ -90,6 +90,9 @@ def _validate_layers(layers: list, cur: tuple, where: str, depth: int) -> tuple[
             if cur[0] != c:
                 raise MicroFormatError(f"{w}: batchnorm with {c} features gets input {cur}")
             s = {"type": kind, "num_features": c}
+            gain = _int(spec, "gain_shift", 0, MAX_GAIN_SHIFT, w, 0)
+            if gain:                                 # written only when set: older descriptions stay as they were
+                s["gain_shift"] = gain
         elif kind == "residual":
             if depth >= MAX_DEPTH:
                 raise MicroFormatError(f"{w}: residuals nested deeper than {MAX_DEPTH}")
@@ -171,7 +174,7 @@ def build_layers(specs: list[dict], bits: int, r: dict, rng: np.random.Generator
         elif t == "relu":
             layers.append(ReLU())
         elif t == "batchnorm":
-            layers.append(BatchNorm(s["num_features"], bits, r["forward"], r["backward"]))
+            layers.append(BatchNorm(s["num_features"], bits, r["forward"], r["backward"], s.get("gain_shift", 0)))
         elif t == "residual":
             block = build_layers(s["layers"], bits, r, rng)
             layers.append(Residual(block, build_layers(s["shortcut"], bits, r, rng), r["forward"], r["backward"]))

@@ -36,6 +36,7 @@ from torch import nn
 
 from .. import integer_only as T
 from .. import micro
+from ..micro.layers import MAX_GAIN_SHIFT
 from ..micro.ops import ROUNDING_MODES, qmax
 from ..micro.optim import default_bn_lr_bits
 
@@ -65,6 +66,11 @@ class IntegerOnlyConfig:
         drop_bias: biases are not part of the arithmetic; ``False`` refuses a model with a non-zero bias,
             ``True`` drops them.
         seed: the description's seed (only micro's init RNG for layers :func:`convert` does not copy).
+        bn_gain_shift: each converted batch norm's ``gain_shift`` (0..8): its output ``2**s * gamma * (x - mean)
+            / range + beta``.  The range of a channel's M values is ~``2 sqrt(2 ln M)`` standard deviations
+            (8-10 at ResNet-20's M = 8192..131072), so without it a range batch norm outputs ~1/9 of float batch
+            norm's; ``3`` is Banner et al.'s range correction ``C(M)`` (2018, Sec. 4) as a power of two
+            (docs/integer-training.md §4.2).  Default 0: the batch norm as it was (saved models unchanged).
     """
 
     name = "integer-only"
@@ -81,6 +87,7 @@ class IntegerOnlyConfig:
     weight_bits: int = 16
     drop_bias: bool = False
     seed: int = 0
+    bn_gain_shift: int = 0
 
     def __post_init__(self) -> None:
         for f in ("forward_rounding", "backward_rounding", "update_rounding"):
@@ -90,7 +97,7 @@ class IntegerOnlyConfig:
             raise ValueError(f"integer-only lr_mode={self.lr_mode!r}: allowed 'norm' or 'shift'")
         for f, lo, hi, optional in (("lr_shift", 0, 62, False), ("lr_bits", 0, 14, False),
                                     ("momentum_shift", 1, 16, True), ("decay_shift", 1, 30, True),
-                                    ("bn_lr_bits", 0, 14, True)):
+                                    ("bn_lr_bits", 0, 14, True), ("bn_gain_shift", 0, MAX_GAIN_SHIFT, False)):
             v = getattr(self, f)
             if optional and v is None:
                 continue
@@ -179,7 +186,8 @@ def _describe_one(mod: nn.Module, config: IntegerOnlyConfig, where: str) -> tupl
         # (a trained model) would be silently dropped, so they are refused
         if mod.affine and bool((mod.weight.detach() != 1).any() or (mod.bias.detach() != 0).any()):
             raise ValueError(f"{where}: only an untrained batch norm (weight 1, bias 0) converts")
-        return {"type": "batchnorm", "num_features": mod.num_features}, {}
+        gain = {"gain_shift": config.bn_gain_shift} if config.bn_gain_shift else {}
+        return {"type": "batchnorm", "num_features": mod.num_features, **gain}, {}
     if isinstance(mod, nn.ReLU):
         return {"type": "relu"}, {}
     if isinstance(mod, (nn.MaxPool2d, nn.AvgPool2d)):

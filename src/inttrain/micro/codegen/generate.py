@@ -169,7 +169,7 @@ class _Gen:
             c = nd.in_shape[0]
             g, _, ge = self.param(L.gamma)
             b, _, be = self.param(L.beta)
-            self.bufs.append(("", f"static const it_bn_t L{p}_bn = {{{c}u, {n_in // c}u}};", 0))
+            self.bufs.append(("", f"static const it_bn_t L{p}_bn = {{{c}u, {n_in // c}u, {L.gain_shift}}};", 0))
             xh = self.buf("int8_t", f"L{p}_xh", B * n_in)
             rng, live = self.buf("uint8_t", f"L{p}_range", c), self.buf("uint8_t", f"L{p}_live", c)
             self.fwd.append(f"{ye} = it_bn_fwd(&L{p}_bn, {x}, n, {g}, {ge}, {b}, {be}, {xh}, {rng}, {live}, {y}, {self.fmode});")

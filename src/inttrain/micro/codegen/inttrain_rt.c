@@ -442,7 +442,7 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode
                   int mode)
 {
     uint32_t c, b, j, hw = bn->hw, m_count = n * hw;
-    int32_t eg8 = gexp + IT_W8_EXP_OFFSET, eb8 = bexp + IT_W8_EXP_OFFSET, eo = eg8 - 7, s;
+    int32_t eg8 = gexp + IT_W8_EXP_OFFSET, eb8 = bexp + IT_W8_EXP_OFFSET, eo = eg8 - 7 + bn->gain_shift, s;
     uint64_t amax = 0;
     for (c = 0; c < bn->c; c++) {               /* pass 1: statistics, Xh, max |A| */
         int64_t sum = 0, mu, bal, inv;
@@ -520,12 +520,14 @@ int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, ui
                     acc[at] = (int32_t)it_shift_round(g8 * h * f, 16, bwd_mode, c * m_count + b * hw + j);  /* f = 0: dead */
                 }
         }
-        it_update(&gamma[c], gmom ? &gmom[c] : 0, dgamma, gexp + lr_shift - (ge - 7), upd_mode, mshift, c);
+        it_update(&gamma[c], gmom ? &gmom[c] : 0, dgamma, gexp + lr_shift - (ge - 7 + bn->gain_shift), upd_mode,
+                  mshift, c);
         it_update(&beta[c], bmom ? &bmom[c] : 0, dbeta, bexp + lr_shift - ge, upd_mode, mshift, c);
     }
     if (!gx)
         return 0;
-    return it_requant32(acc, m_count * bn->c, gx, ge - 14 + gexp + IT_W8_EXP_OFFSET - xe - kmin + 1, bwd_mode);
+    return it_requant32(acc, m_count * bn->c, gx, ge - 14 + gexp + IT_W8_EXP_OFFSET - xe - kmin + 1 + bn->gain_shift,
+                        bwd_mode);
 }
 
 static const int32_t EXP2_LUT[256] = {     /* round(2**(i/256) * 2**15), §6; sum 12085828 */

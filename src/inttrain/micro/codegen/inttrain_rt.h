@@ -88,7 +88,7 @@ int32_t it_add_aligned(const int8_t *a, int32_t ea, const int8_t *b, int32_t eb,
                        int8_t *y, int mode);
 
 /* §4.2 integer range batch norm over n samples of c channels with hw values each */
-typedef struct { uint32_t c, hw; } it_bn_t;
+typedef struct { uint32_t c, hw; int32_t gain_shift; } it_bn_t;   /* output x 2**gain_shift (spec §4.2) */
 int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode_t *gamma, int32_t gexp,
                   const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint8_t *range, uint8_t *live, int8_t *y,
                   int mode);
