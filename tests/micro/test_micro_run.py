@@ -98,6 +98,30 @@ def test_kill_mid_run_then_resume_is_bit_identical(files, tmp_path):
     _same_run(tmp_path / "whole", run)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_mid_epoch_saves_a_checkpoint_and_resume_is_bit_identical(files, tmp_path, sig):
+    """A stop signal ends the run at the next step with a mid-epoch checkpoint (exit 128 + signal, no traceback),
+    so nothing of the epoch so far is lost; --resume then finishes it bit for bit."""
+    args = [str(files / "cnn.json"), str(files / "tr_img.npz"), "--epochs", "3", "--log-every", "1",
+            "--momentum-shift", "3"]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "inttrain.micro", "train", *args, "--out", str(run)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("train: ")
+    assert proc.stdout.readline().startswith("  step 1 ")                   # inside the first epoch
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig and err == ""
+    stopped = [line for line in out.splitlines() if line.startswith("stopped after")]
+    assert len(stopped) == 1 and f"({signal.Signals(sig).name}) at epoch 1 step " in stopped[0]
+    ck = json.loads((run / "checkpoint.json").read_text())
+    assert ck["epoch"] == 0 and 1 <= ck["position"]["step"] < 44            # 1400 images: 44 steps an epoch
+    assert main(["train", "--resume", str(run), "--log-every", "0"]) == 0
+    assert main(["train", *args, "--log-every", "0", "--out", str(tmp_path / "whole")]) == 0
+    _same_run(tmp_path / "whole", run)
+
+
 def test_keep_best_saves_the_best_epoch(files, tmp_path, capsys):
     # the shift rule with too large a rate and errors rounded to nearest swings and collapses (measured: 0.175,
     # 0.353, 0.131, 0.181; with the default hashed error rounding it climbs, 0.128 -> 0.300)

@@ -165,10 +165,11 @@ def _codegen_args(p: argparse.ArgumentParser) -> None:
                    help="recompute forward dot products instead of buffering int32 accumulators (2x forward MACs)")
 
 
-def _train(args) -> None:
-    from .train_run import run_train
+def _train(args) -> int:
+    from .train_run import run_train, stop_on_signals
 
-    run_train(args, TRAIN_DEFAULTS, ROUNDING_OPTS, _peak_mib)
+    with stop_on_signals() as caught:
+        return run_train(args, TRAIN_DEFAULTS, ROUNDING_OPTS, _peak_mib, caught)
 
 
 def _eval(args) -> None:

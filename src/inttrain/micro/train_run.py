@@ -3,9 +3,13 @@ checkpoint after each epoch (docs/integer-training.md §10)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -113,13 +117,9 @@ def _copy(model: Sequential) -> Sequential:
     return m
 
 
-def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
-    """``python -m inttrain.micro train``: checks everything, then trains, checkpointing OUT after each epoch."""
-    if args.log_every is not None and args.log_every < 0:
-        raise MicroFormatError(f"--log-every {args.log_every}: allowed: >= 0")
-    if args.max_seconds is not None and not args.max_seconds >= 0:
-        raise MicroFormatError(f"--max-seconds {args.max_seconds}: allowed: >= 0")
-    model, state, out = (_resume if args.resume else _new_run)(args, defaults, rounding_opts)
+def _checked_data(model: Sequential, state: dict, resumed: bool) -> tuple:
+    """(x, x_exp, y, val or None, augment) of a run, each judged against the model (and, resumed, the
+    checkpoint's data fingerprint) before any training."""
     s = state["settings"]
     n_cls = model.desc["num_classes"]
     x, x_exp, y = load_data(s["data"], n_cls)
@@ -131,10 +131,41 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
     augment = s.get("augment")                               # runs saved before --augment existed have none
     check_augment(augment, model.desc["input_shape"])
     fp = _fingerprint(x, y)
-    if args.resume and state.get("data_crc32") not in (None, fp):
+    if resumed and state.get("data_crc32") not in (None, fp):
         raise MicroFormatError(f"{s['data']}: its contents changed since the checkpoint (crc32 {fp} != "
                                f"{state['data_crc32']}); a resumed run needs the same data")
     state["data_crc32"] = fp
+    return x, x_exp, y, val, augment
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[list[int]]:
+    """While training, SIGTERM / SIGINT end the run at the next step with a mid-epoch checkpoint (resumed bit for
+    bit, as after ``--max-seconds``) instead of killing it and losing the epoch so far.  Yields the list the
+    handler appends each caught signal to; the previous handlers come back afterwards."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():    # handlers can only be set there
+        yield caught
+        return
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield caught
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib, signals: list[int] | None = None) -> int:
+    """``python -m inttrain.micro train``: checks everything, then trains, checkpointing OUT after each epoch.
+    Returns 0, or 128 + the signal when one in ``signals`` (see :func:`stop_on_signals`) stopped it early."""
+    if args.log_every is not None and args.log_every < 0:
+        raise MicroFormatError(f"--log-every {args.log_every}: allowed: >= 0")
+    if args.max_seconds is not None and not args.max_seconds >= 0:
+        raise MicroFormatError(f"--max-seconds {args.max_seconds}: allowed: >= 0")
+    model, state, out = (_resume if args.resume else _new_run)(args, defaults, rounding_opts)
+    s = state["settings"]
+    x, x_exp, y, val, augment = _checked_data(model, state, bool(args.resume))
     opt = SGD(model.params(), s["lr_shift"], s["momentum_shift"], model.desc["rounding"]["update"],
               lr_mode=s["lr_mode"], lr_bits=s["lr_bits"], adapt_exp=s["adapt_exp"], decay_shift=s["decay_shift"],
               bn_lr_bits=s.get("bn_lr_bits"))                 # runs saved before --bn-lr-bits: lr_bits for all
@@ -153,7 +184,9 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
           flush=True)
     t_start = time.perf_counter()
     steps_here = 0
-    stop = (lambda: time.perf_counter() - t_start >= args.max_seconds) if args.max_seconds is not None else None
+    signals = [] if signals is None else signals
+    limit = math.inf if args.max_seconds is None else args.max_seconds
+    stop = lambda: bool(signals) or time.perf_counter() - t_start >= limit  # noqa: E731
     info = lambda: {"history": state["history"], "train": s, **(  # noqa: E731
         {"best_epoch": state["best"]["epoch"], "best_val_acc": state["best"]["val_acc"]} if state["best"] else {})}
     while state["epoch"] < epochs:
@@ -167,12 +200,13 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
         steps_here += pos.step - step0
         state["epoch_seconds"] += time.perf_counter() - t0
         state["global_step"] = ep * spe + pos.step
-        if not pos.done:                                      # --max-seconds: checkpoint mid-epoch and stop
+        if not pos.done:                         # --max-seconds or a signal: checkpoint mid-epoch and stop
             state["position"] = pos.to_dict()
             save_run(out, model, state, best if s["keep_best"] else None, info())
-            print(f"stopped after {time.perf_counter() - t_start:.1f}s (--max-seconds) at epoch {ep + 1} step "
+            why = signal.Signals(signals[0]).name if signals else "--max-seconds"
+            print(f"stopped after {time.perf_counter() - t_start:.1f}s ({why}) at epoch {ep + 1} step "
                   f"{pos.step}/{spe}; continue with: python -m inttrain.micro train --resume {out}", flush=True)
-            return
+            return 128 + signals[0] if signals else 0
         sat, sat_total, sat_layers = _sat_text(model)
         row = {"epoch": ep + 1, "loss": pos.loss, "train_acc": pos.accuracy, "seconds": state["epoch_seconds"],
                "saturated": sat_total, "saturated_layers": sat_layers, "lr_multiplier": opt.multiplier}
@@ -195,3 +229,4 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib) -> None:
     if epochs == 0 or state["global_step"] == 0:
         save_run(out, model, state, None, info())
     print(f"saved {out}{kept}", flush=True)
+    return 0
