@@ -39,7 +39,8 @@ which the convolutions take as two exact int8 halves), ``cpt-3-8`` (int8 recipe 
 cycles, gradients 8 bits) and ``integer-only`` (its own engine: the seeded float model converted by
 ``inttrain.recipes.integer_only.convert``, trained by ``python -m inttrain.micro train`` with its defaults, this
 budget and crop-flip; see :func:`run_integer_only_job`; a model ``convert`` cannot take is recorded as ``skipped``
-with the converter's reason).
+with the converter's reason); ``integer-only-bngain`` (every batch norm's ``gain_shift`` 3) and
+``integer-only-bngain-lr9`` (that, trained with ``--lr-bits 9``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ import torch  # noqa: E402
 #: The commit from which dataflow batch norm normalises exact values (earlier dataflow rows are superseded).
 DATAFLOW_BN_EXACT = "901097a"
 
+#: An integer-only variant's option naming ``python -m inttrain.micro train`` flags ({"lr_bits": 9} -> --lr-bits 9);
+#: the variant's other options go to ``IntegerOnlyConfig``.
+MICRO_TRAIN = "micro_train"
 VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "fp32": ({"recipe": "fp32"}, 3),
     "bf16": ({"recipe": "bf16"}, 2),
@@ -101,6 +105,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "integer-only": ({"recipe": "integer-only"}, 2),
     # each batch norm's output scaled by 2**3, Banner et al.'s range correction (IntegerOnlyConfig.bn_gain_shift)
     "integer-only-bngain": ({"recipe": "integer-only", "bn_gain_shift": 3}, 2),
+    # and a step one power of two smaller than micro's default (--lr-bits 9 for 10): best in a 5-epoch sweep of the
+    # gained network (4000 images: lr bits 9 / 10 / 11 -> held-out 46.1 / 42.9 / 42.4%)
+    "integer-only-bngain-lr9": ({"recipe": "integer-only", "bn_gain_shift": 3, MICRO_TRAIN: {"lr_bits": 9}}, 2),
 }
 #: Issue 16's "done means": variant -> (reference variant, largest allowed paired mean deficit in points, largest
 #: training BitOPs as a fraction of int8's or None).
@@ -111,7 +118,8 @@ TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8-bf16act": ("fp32", 0.2, None),
     "int8-dataflow-fl": ("fp32", 0.2, None),
     **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "wageubn-gsr", "dorefa-8")},
-    "cpt-3-8": ("int8", 0.3, 0.6), "integer-only": ("fp32", 3.0, None), "integer-only-bngain": ("fp32", 3.0, None),
+    "cpt-3-8": ("int8", 0.3, 0.6),
+    **{v: ("fp32", 3.0, None) for v in ("integer-only", "integer-only-bngain", "integer-only-bngain-lr9")},
 }
 #: The trainer's optimisation knobs this benchmark sets (issue 16's settings); see the module docstring.
 KNOB_NAMES = ("weight_decay", "momentum", "nesterov", "lr_schedule", "warmup_epochs")
@@ -409,7 +417,7 @@ def integer_only_model(args: argparse.Namespace, splits: Any, seed: int, variant
 
     torch.manual_seed(seed)
     model = build_model(args.model, splits.num_classes, splits.in_channels, splits.image_size)
-    options = {k: v for k, v in VARIANTS[variant][0].items() if k != "recipe"}
+    options = {k: v for k, v in VARIANTS[variant][0].items() if k not in ("recipe", MICRO_TRAIN)}
     return convert(model, IntegerOnlyConfig(drop_bias=True, **options),
                    input_shape=[splits.in_channels, splits.image_size, splits.image_size])
 
@@ -435,7 +443,8 @@ def run_integer_only_job(args: argparse.Namespace, seed: int, splits: Any, base:
     """Train (or resume) an integer-only job with the device engine's CLI, ``python -m inttrain.micro train``
     (bit-exact with the torch engine :mod:`inttrain.integer_only`; an atomic checkpoint after every epoch, resumed
     bit for bit), with its documented defaults (norm step rule, cosine schedule with a quarter-epoch warm-up,
-    rounding rne/hstoch/pstoch, no momentum or decay) and this benchmark's epochs, batch size and crop-flip."""
+    rounding rne/hstoch/pstoch, no momentum or decay) and this benchmark's epochs, batch size and crop-flip; a
+    variant's ``MICRO_TRAIN`` option adds its own flags."""
     from inttrain.micro.__main__ import main as micro_main
 
     name = job_name(variant, seed)
@@ -463,10 +472,11 @@ def run_integer_only_job(args: argparse.Namespace, seed: int, splits: Any, base:
         if init.exists():
             shutil.rmtree(init)
         model.save(init)
+        flags = [a for k, v in VARIANTS[variant][0].get(MICRO_TRAIN, {}).items() for a in ("--" + k.replace("_", "-"), str(v))]
         code = micro_main(["train", str(init), str(folder / "train.npz"), "--val", str(folder / "val.npz"),
                            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--seed", str(seed),
                            "--augment", "crop-flip" if args.augment == "crop-flip" else "none",
-                           "--out", str(run_dir), "--log-every", "25", "--force"])
+                           "--out", str(run_dir), "--log-every", "25", "--force", *flags])
     history = _micro_history(folder)
     if code != 0 or len(history) < args.epochs:
         return code or 1

@@ -17,8 +17,8 @@ def test_jobs_seed_major_with_three_seeds_for_the_tight_variants(bench) -> None:
     jobs = bench.all_jobs(args)
     # fp32, int8, int8-dataflow, int8-gsr, int8-dataflow-gsr, int8-fl, int8-bf16act, int8-dataflow-fl: 3 seeds;
     # int8-dataflow-nearest 1; the rest 2
-    assert len(jobs) == 8 * 3 + 10 * 2 + 1
-    assert jobs[:19] == [(v, 0) for v in bench.VARIANTS]
+    assert len(jobs) == 8 * 3 + 11 * 2 + 1
+    assert jobs[:20] == [(v, 0) for v in bench.VARIANTS]
     assert jobs[-8:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2), ("int8-gsr", 2), ("int8-dataflow-gsr", 2),
                          ("int8-fl", 2), ("int8-bf16act", 2), ("int8-dataflow-fl", 2)]
 
@@ -34,6 +34,17 @@ def test_integer_only_bngain_converts_with_its_batch_norm_gain(bench, tmp_path: 
     assert norms[0] and all("gain_shift" not in spec for spec in norms[0])
     assert norms[1] == [{**spec, "gain_shift": 3} for spec in norms[0]]
     assert inits[0]["params"] == inits[1]["params"]
+
+
+def test_integer_only_variant_micro_flags_reach_the_micro_run(bench, tmp_path: Path) -> None:
+    """integer-only-bngain-lr9: gain_shift 3 in its model and --lr-bits 9 in its micro run's settings (and in its
+    result row's config); plain integer-only keeps micro's default step (10)."""
+    out, common = _tiny_run(tmp_path, "integer-only,integer-only-bngain-lr9")
+    assert bench.main(common) == 0
+    rows = {r["variant"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert rows["integer-only-bngain-lr9"]["config"]["lr_bits"] == 9 and rows["integer-only"]["config"]["lr_bits"] == 10
+    init = json.loads((out / "runs" / "integer-only-bngain-lr9-s0" / "init" / "model.json").read_text())
+    assert {spec.get("gain_shift") for spec in init["layers"] if spec["type"] == "batchnorm"} == {3}
 
 
 @pytest.mark.parametrize("flag", ["--epochs", "--batch-size", "--train-size", "--val-size", "--seeds"])
