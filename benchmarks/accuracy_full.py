@@ -707,6 +707,8 @@ def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st:
         f"int8-dataflow*: since {DATAFLOW_BN_EXACT} batch norm normalises the convolution's exact output (its "
         "int8 codes kept for backward only); earlier rows, batch norm on those codes: "
         "superseded_dataflow_bn_codes.jsonl.",
+        "sbm: Range BN over 16 chunks of the batch, as the authors' code (eighteenth session); the earlier row, "
+        "one chunk: superseded_sbm_range_bn_one_chunk.jsonl.",
     ]
     if missing:
         lines.append(f"**The trainer these rows ran on lacked {', '.join(missing)}: not the issue's settings.**")

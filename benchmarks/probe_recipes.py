@@ -9,7 +9,8 @@ state dict has the float model's keys) is prepared with the variant's config and
 split: per GEMM (forward, grad_input, grad_weight), the median and the minimum SQNR over the converted layers,
 and the layer of the minimum.  Writes ``OUT/probe_recipes.md`` and ``.json`` (every layer's row).
 Variants: the int8 recipe as it is, with int8 dataflow, with stochastic rounding of the gradient operands, with
-per-tensor scales, and unified-int8 (DSGC-clipped output gradients).
+per-tensor scales, unified-int8 (DSGC-clipped output gradients), sbm (Range BN over 16 chunks of the batch, as
+the authors' code; and over one chunk, its form until the eighteenth session) and wageubn.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import statistics
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -30,26 +31,41 @@ import accuracy_full  # noqa: E402 - puts src/ on the path when needed; one spli
 import torch  # noqa: E402
 
 
-def variants() -> dict[str, tuple[Any, dict[str, Any]]]:
+Variant = tuple[Any, dict[str, Any], Callable[[torch.nn.Module], None] | None]
+
+
+def _one_chunk_range_bn(model: torch.nn.Module) -> None:
+    from inttrain.nn.range_bn import RangeBatchNorm2d
+
+    for m in model.modules():
+        if isinstance(m, RangeBatchNorm2d):
+            m.num_chunks = 1
+
+
+def variants() -> dict[str, Variant]:
+    """name -> (recipe config, prepare_ keywords, a change made to the prepared model or None)."""
     import inttrain
     from inttrain.spec import Rounding
 
     int8 = inttrain.get_config("int8")
     return {
-        "int8": (int8, {}),
-        "int8-dataflow": (int8, {"dataflow": True}),
-        "int8, stochastic-rounded gradients": (dataclasses.replace(int8, grad_rounding=Rounding.STOCHASTIC), {}),
-        "int8, per-tensor scales": (dataclasses.replace(int8, per_channel=False), {}),
-        "unified-int8": (inttrain.get_config("unified-int8"), {}),
+        "int8": (int8, {}, None),
+        "int8-dataflow": (int8, {"dataflow": True}, None),
+        "int8, stochastic-rounded gradients": (dataclasses.replace(int8, grad_rounding=Rounding.STOCHASTIC), {}, None),
+        "int8, per-tensor scales": (dataclasses.replace(int8, per_channel=False), {}, None),
+        "unified-int8": (inttrain.get_config("unified-int8"), {}, None),
+        "sbm": (inttrain.get_config("sbm"), {}, None),
+        "sbm, Range BN over one chunk": (inttrain.get_config("sbm"), {}, _one_chunk_range_bn),
+        "wageubn": (inttrain.get_config("wageubn"), {}, None),
     }
 
 
-def probe_variant(model_name: str, weights: dict | None, splits: Any, cfg: Any, kw: dict[str, Any],
-                  batch: int) -> list[Any]:
+def probe_variant(model_name: str, weights: dict | None, splits: Any, variant: Variant, batch: int) -> list[Any]:
     import inttrain
     from inttrain.models import build_model
     from inttrain.nn.probe import probe_gemms
 
+    cfg, kw, after = variant
     torch.manual_seed(0)
     model = build_model(model_name, splits.num_classes, splits.in_channels, splits.image_size)
     if weights is not None:
@@ -57,6 +73,8 @@ def probe_variant(model_name: str, weights: dict | None, splits: Any, cfg: Any, 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dorefa-style conv-bit notes are not this tool's business
         inttrain.prepare_(model, cfg, **kw)
+    if after is not None:
+        after(model)
     x, y = splits.train.tensors[0][:batch], splits.train.tensors[1][:batch]
     return probe_gemms(model, x, y)
 
@@ -92,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
 
         weights = load_file(args.weights)
     results = {}
-    for name, (cfg, kw) in variants().items():
-        results[name] = probe_variant(args.model, weights, splits, cfg, kw, args.batch_size)
+    for name, variant in variants().items():
+        results[name] = probe_variant(args.model, weights, splits, variant, args.batch_size)
         print(f"probed {name}", flush=True)
     where = Path(args.weights).name if args.weights else "seed-0 initial weights"
     text = table(results, f"SQNR of the integer GEMMs against float64: {args.model}, {where}, one batch of "

@@ -7,7 +7,10 @@ NeurIPS 2018.
   for the weight-gradient GEMM ``dW = dy^T x`` (which feeds the update only);
 - **stochastic rounding** of the gradients (Sec. 5), unbiased;
 - **Range Batch Normalization** (Sec. 4, Eq. 4-5): :class:`inttrain.nn.range_bn.RangeBatchNorm2d`;
-  ``prepare_(model, "sbm")`` swaps every BatchNorm2d for it (:meth:`SbmConfig.convert_norms_`).
+  ``prepare_(model, "sbm")`` swaps every BatchNorm2d for it (:meth:`SbmConfig.convert_norms_`).  As in the
+  authors' reference code the range is averaged over 16 chunks of the batch: over one chunk its backward sent
+  each channel's whole scale gradient to two values, and the 8-bit output gradient's SQNR in the input-gradient
+  GEMM fell to 14 dB (29 dB with the chunks; ``benchmarks/probe_recipes.py``).
 
 What is integer arithmetic: all three GEMMs.  The 16-bit ``dW`` GEMM is exact on int8 kernels: for
 Linear each int16 code is split into two int8 halves (``kernels.matmul.split_int16``); for Conv2d the
