@@ -127,17 +127,26 @@ def integer_gemm_fraction(model: nn.Module, x: torch.Tensor) -> float:
     return totals["int"] / totals["all"] if totals["all"] else math.nan
 
 
-def load_splits(dataset: str, data: str, train_size: int, val_size: int, seed: int) -> DatasetSplits:
-    """Hold ``val_size`` images out of the file (seeded), keep the first ``train_size`` of the rest."""
-    import numpy as np
+def fail(message: str) -> None:
+    """One ``error:`` line on stderr and exit status 2 (a benchmark's bad input: no traceback)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
-    with np.load(data) as f:
-        key = "x_train" if "x_train" in f.files else "x"
-        total = len(f[key])
-    if val_size < 1 or train_size < 1 or val_size + train_size > total:
-        raise SystemExit(f"--train-size {train_size} + --val-size {val_size} must be >= 1 each and fit the "
-                         f"{total} images of {data}")
-    splits = load_dataset(dataset, data, val_fraction=val_size / total, seed=seed)
+
+def load_splits(dataset: str, data: str, train_size: int, val_size: int, seed: int) -> DatasetSplits:
+    """Hold ``val_size`` images out of the file (seeded), keep the first ``train_size`` of the rest.  A file the
+    library's loader refuses (missing, not an .npz, malformed) or sizes that do not fit end in :func:`fail`."""
+    from inttrain.data.npz import load_npz_arrays
+    from inttrain.spec.errors import InttrainError
+
+    try:
+        total = len(load_npz_arrays(Path(data)).x_train)  # judged (headers, sizes) before any array is read
+        if val_size < 1 or train_size < 1 or val_size + train_size > total:
+            fail(f"--train-size {train_size} + --val-size {val_size} must be >= 1 each and fit the "
+                 f"{total} images of {data}")
+        splits = load_dataset(dataset, data, val_fraction=val_size / total, seed=seed)
+    except InttrainError as e:
+        fail(f"--data {data}: {e}")
     xt, yt = splits.train.tensors
     xv, yv = splits.val.tensors
     splits.train = TensorDataset(xt[:train_size], yt[:train_size])

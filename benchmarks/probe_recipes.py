@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val-size", type=int, default=4000, help="[4000]")
     p.add_argument("--out", default="benchmarks/results/probe_recipes")
     args = p.parse_args(argv)
+    for flag in ("batch_size", "train_size", "val_size"):
+        if getattr(args, flag) < 1:                     # judged before any model is built
+            p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: allowed: 1 or more")
     torch.set_num_threads(1)
     splits = accuracy_full.load_splits(argparse.Namespace(data=args.data, train_size=args.train_size,
                                                           val_size=args.val_size, split_seed=0))

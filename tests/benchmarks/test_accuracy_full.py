@@ -187,3 +187,21 @@ def test_integer_only_on_a_model_convert_refuses_is_a_skipped_row(bench, tmp_pat
     assert [(r["variant"], r["status"]) for r in rows] == [("integer-only", "skipped")]
     assert rows[0]["reason"].startswith("inttrain.recipes.integer_only.convert cannot take mobilenetv2: ")
     assert not (out / "runs" / "integer-only-s0").exists()
+
+
+def test_unreadable_data_or_sizes_that_do_not_fit_get_one_error_line_and_exit_2(bench, tmp_path: Path,
+                                                                                  capsys) -> None:
+    """Judged by the library's .npz loader before any training: one ``error:`` line, exit 2, no result row."""
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"not an archive")
+    out, common = _tiny_run(tmp_path, "fp32")
+    cases = [(["--data", str(junk)], "error: --data " + str(junk) + ": junk.npz: file: not a readable .npz archive"),
+             (["--train-size", "90"], "error: --train-size 90 + --val-size 32 must be >= 1 each and fit the 96 images")]
+    for change, expected in cases:
+        argv = list(common)
+        argv[argv.index(change[0]) + 1] = change[1]
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith(expected)
+    assert not (out / "results.jsonl").exists()

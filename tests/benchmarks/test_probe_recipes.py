@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 SCRIPT = "probe_recipes"  # conftest.py's `bench` fixture loads benchmarks/probe_recipes.py
 
@@ -26,3 +27,9 @@ def test_table_and_json(bench, tmp_path: Path) -> None:
     first = [r for r in rows["int8"] if r["layer"] == rows["int8"][0]["layer"]]
     assert [r["gemm"] for r in first] == ["forward", "grad_weight"]
     assert all(r["sqnr_db"] is None or r["sqnr_db"] > 0 for v in rows.values() for r in v)
+
+
+def test_sizes_below_one_get_one_error_line_and_exit_2(bench, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--data", "x.npz", "--batch-size", "0"])
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith("error: --batch-size 0: allowed: 1 or more")
