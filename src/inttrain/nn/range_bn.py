@@ -39,6 +39,16 @@ SPREAD_FACTOR = 0.35 * (1.0 + math.sqrt(math.pi * math.log(4.0))) / 2.0
 NUM_CHUNKS = 16
 
 
+def _chunk_count(batch: int, per_sample: int, num_chunks: int) -> int:
+    """The largest common divisor of ``batch`` and ``num_chunks`` whose chunks hold >= 2 values per channel (else 1).
+    Plain integer loops rather than ``math.gcd``: Dynamo traces them even on a symbolic batch size, where a
+    ``math.gcd`` call is a graph break (seen in this project's dynamic-shape fusion helpers)."""
+    for k in range(min(batch, num_chunks), 1, -1):
+        if batch % k == 0 and num_chunks % k == 0 and (batch // k) * per_sample >= 2:
+            return k
+    return 1
+
+
 def range_scale(x: torch.Tensor, num_chunks: int = NUM_CHUNKS) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel ``(mean, C(m) * range)`` of an NCHW tensor (differentiable): ``range`` is the mean over
     ``k`` chunks of whole samples of each chunk's ``max - min`` (``k`` = gcd(batch, num_chunks), or its largest
@@ -46,8 +56,8 @@ def range_scale(x: torch.Tensor, num_chunks: int = NUM_CHUNKS) -> tuple[torch.Te
     ``C(m) = SPREAD_FACTOR / sqrt(2 ln m)`` (see the module doc)."""
     if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
         raise ValueError(f"Range BN num_chunks must be a positive integer, got {num_chunks!r}")
-    n, g = x.numel() // x.shape[1], math.gcd(x.shape[0], num_chunks)
-    k = max(d for d in range(1, g + 1) if g % d == 0 and (n // d >= 2 or d == 1))  # >= 2 values per chunk
+    n = x.numel() // x.shape[1]
+    k = _chunk_count(x.shape[0], n // x.shape[0], num_chunks)
     m = n // k
     if m < 2:
         raise ValueError(f"Range BN needs more than 1 value per channel in training, got input shape {tuple(x.shape)}")
