@@ -159,3 +159,9 @@ def test_compiled_model_follows_a_precision_change():
         losses[bits] = _loss(run, x, y).item()
         assert losses[bits] == pytest.approx(_loss(eager, x, y).item(), rel=2e-3)
     assert losses[3] != pytest.approx(losses[8], rel=1e-3)  # 3-bit codes do change the loss
+
+
+@pytest.mark.slow  # ~40 s of cold compile
+def test_fullgraph_compile_trains_sbm_like_eager():
+    """sbm's Range BN (its range over chunks of the batch) and 16-bit weight-gradient GEMMs trace as one graph."""
+    _check(*_train_side_by_side("small-cnn", recipe="sbm"))
