@@ -10,7 +10,8 @@ split: per GEMM (forward, grad_input, grad_weight), the median and the minimum S
 and the layer of the minimum.  Writes ``OUT/probe_recipes.md`` and ``.json`` (every layer's row).
 Variants: the int8 recipe as it is, with int8 dataflow, with stochastic rounding of the gradient operands, with
 per-tensor scales, unified-int8 (DSGC-clipped output gradients), sbm (Range BN over 16 chunks of the batch, as
-the authors' code; and over one chunk, its form until the eighteenth session) and wageubn.
+the authors' code; and over one chunk, its form until the eighteenth session) and wageubn (errors rounded to
+nearest, its default, and stochastically).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def variants() -> dict[str, Variant]:
         "sbm": (inttrain.get_config("sbm"), {}, None),
         "sbm, Range BN over one chunk": (inttrain.get_config("sbm"), {}, _one_chunk_range_bn),
         "wageubn": (inttrain.get_config("wageubn"), {}, None),
+        # the errors E rounded stochastically (G, the 8-bit weight gradient, is the optimizer's, not a GEMM's)
+        "wageubn, stochastic-rounded errors": (dataclasses.replace(inttrain.get_config("wageubn"),
+                                                                   e_rounding=Rounding.STOCHASTIC), {}, None),
     }
 
 
