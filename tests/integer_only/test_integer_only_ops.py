@@ -78,8 +78,15 @@ def test_im2col_col2im_match_micro(k, s, p):
     tc, toh, tow = im2col(torch.from_numpy(x), k, s, p)
     assert (moh, mow) == (toh, tow) and np.array_equal(tc.numpy(), mc)
     g = rng.integers(-(2**20), 2**20, size=mc.shape)
-    assert np.array_equal(col2im(torch.from_numpy(g), x.shape, k, s, p, toh, tow).numpy(),
-                          ML.col2im(g, x.shape, k, k, s, p, moh, mow))
+    ref = ML.col2im(g, x.shape, k, k, s, p, moh, mow)
+    assert np.array_equal(col2im(torch.from_numpy(g), x.shape, k, s, p, toh, tow).numpy(), ref)
+    # int32 sums when the stated bound allows them (2**20 x at most 9 overlaps), int64 past it: same values
+    for bound in (2**20, 2**29):
+        out = col2im(torch.from_numpy(g).to(torch.int32), x.shape, k, s, p, toh, tow, bound)
+        assert out.dtype == torch.int64 and np.array_equal(out.numpy(), ref)
+    wide = rng.integers(2**30, 2**31 - 1, size=mc.shape)   # int32 columns whose sums overflow int32
+    assert np.array_equal(col2im(torch.from_numpy(wide).to(torch.int32), x.shape, k, s, p, toh, tow, 2**31 - 1).numpy(),
+                          ML.col2im(wide, x.shape, k, k, s, p, moh, mow))
 
 
 def test_maxpool_first_maximum_wins_like_micro():
