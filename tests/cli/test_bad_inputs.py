@@ -192,6 +192,7 @@ def test_empty_file_is_an_error_not_an_abort(tmp_path: Path, capsys: pytest.Capt
     ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 8 levels deep"),
     ("a: &a [1, 1]\nb: [*a, *a]\n", "uses a YAML anchor/alias (&name / *name); allowed: plain key: value pairs"),
     ("batch_size: 1.0e+23\n", "batch_size=1e+23: too large; allowed: at most 16,777,216"),
+    ("seed: -5\n", "--seed: -5 must be >= 0"),  # NumPy's generators (data split, order) take no negative seed
     ("lr: .nan\n", "lr=nan: must be a finite number"),
     ("epochs: [1, 2]\n", "epochs=[1, 2]: must be an integer"),
     ("model: {a: 1}\n", "model={'a': 1}: must be a string"),
@@ -406,3 +407,12 @@ print(json.dumps({{"codes": codes, "grew_kb": resource.getrusage(resource.RUSAGE
     assert result["codes"] == [2] * (len(commands) + len(micro)), out.stderr
     assert result["grew_kb"] < 300 * 1024, result
     assert out.stderr.count("\n") == len(commands) + len(micro) + 1  # one line per refusal (+ the warm-up's)
+
+
+@pytest.mark.parametrize("command", [["train", "--dataset", "digits"], ["demo"], ["compare", "--dataset", "digits"]])
+def test_a_negative_seed_is_refused_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   command: list[str]) -> None:
+    """NumPy's generators (the data split and order) take no negative seed: refused up front, by name."""
+    out = ["--out", str(tmp_path / "r")] if command[0] != "demo" else []
+    _refused(capsys, [*command, "--epochs", "1", "--seed", "-5", *out], "--seed: -5 must be >= 0")
+    assert not (tmp_path / "r").exists()

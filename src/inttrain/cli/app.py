@@ -74,6 +74,8 @@ def demo(
     from .demo import format_layer_times, format_table, run_demo, time_linear_layer
 
     _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, threads=threads)
+    if seed < 0:  # NumPy's generators (data split and order) take none
+        raise _usage("--seed", f"{seed} must be >= 0")
     _set_threads(threads)
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     if not names:

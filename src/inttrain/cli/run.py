@@ -123,6 +123,8 @@ def validate_config(cfg: RunConfig) -> Any:
                                             "use an integer recipe such as int8")
     if cfg.max_restarts < 0:
         raise UsageProblem("--max-restarts", f"{cfg.max_restarts} must be >= 0")
+    if cfg.seed < 0:  # NumPy's generators (data split and order) take none
+        raise UsageProblem("--seed", f"{cfg.seed} must be >= 0")
     if cfg.batch_size % cfg.nproc:
         raise UsageProblem("--batch-size", f"{cfg.batch_size} is the global batch and must be divisible by "
                                            f"--nproc {cfg.nproc}")
