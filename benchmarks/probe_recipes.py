@@ -11,7 +11,7 @@ and the layer of the minimum.  Writes ``OUT/probe_recipes.md`` and ``.json`` (ev
 Variants: the int8 recipe as it is, with int8 dataflow, with stochastic rounding of the gradient operands, with
 per-tensor scales, unified-int8 (DSGC-clipped output gradients), sbm (Range BN over 16 chunks of the batch, as
 the authors' code; and over one chunk, its form until the eighteenth session) and wageubn (errors rounded to
-nearest, its default, and stochastically).
+nearest, its default, and stochastically) and dorefa at k = 8 (its first and last layers float).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def variants() -> dict[str, Variant]:
         # the errors E rounded stochastically (G, the 8-bit weight gradient, is the optimizer's, not a GEMM's)
         "wageubn, stochastic-rounded errors": (dataclasses.replace(inttrain.get_config("wageubn"),
                                                                    e_rounding=Rounding.STOCHASTIC), {}, None),
+        "dorefa-8": (inttrain.get_config("dorefa").with_bits(8), {}, None),
     }
 
 
