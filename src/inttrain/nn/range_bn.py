@@ -9,8 +9,8 @@ Range BN divides by a scaled range instead:
 For Gaussian data the largest deviation from the mean is about ``sigma * sqrt(2 ln m)`` (m values), so
 ``C(m) * range`` estimates ``sigma``.  As in the authors' reference implementation, ``range`` is taken over
 **chunks** of the batch and averaged: the batch is cut into ``k`` groups of whole samples (``k`` = gcd(batch,
-``num_chunks``), ``num_chunks`` 16 by default, as there; fewer if a chunk would hold a single value), each chunk's spread ``max - min`` per channel is
-measured over its ``m = (batch / k) * H * W`` values, and ``range`` is the mean of the k spreads; ``c`` is that
+``num_chunks``), ``num_chunks`` 16 by default, as there; fewer if a chunk would hold a single value), each
+chunk's spread ``max - min`` per channel is measured over its ``m = (batch / k) * H * W`` values, and ``range`` is the mean of the k spreads; ``c`` is that
 implementation's finite-size factor ``0.35 (1 + sqrt(pi ln 4)) / 2 ~ 0.540`` on the full spread.  The chunks
 matter for the backward pass: a maximum's gradient reaches one value only, so with one chunk the whole
 channel's scale gradient lands on its two extreme values -- a spike that set the scale of the 8-bit output
@@ -57,7 +57,7 @@ def range_scale(x: torch.Tensor, num_chunks: int = NUM_CHUNKS) -> tuple[torch.Te
     if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1:
         raise ValueError(f"Range BN num_chunks must be a positive integer, got {num_chunks!r}")
     n = x.numel() // x.shape[1]
-    k = _chunk_count(x.shape[0], n // x.shape[0], num_chunks)
+    k = _chunk_count(x.shape[0], x.shape[2] * x.shape[3], num_chunks)   # an empty batch: k = 1, refused below
     m = n // k
     if m < 2:
         raise ValueError(f"Range BN needs more than 1 value per channel in training, got input shape {tuple(x.shape)}")
