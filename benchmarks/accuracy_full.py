@@ -100,6 +100,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     # both of its gradient quantizers (errors E, 8-bit weight gradients G) rounded stochastically, as WAGE does G
     "wageubn-gsr": ({"recipe": "wageubn", "nesterov": False, "grad_rounding": "stochastic"}, 2),
     "dorefa-8": ({"recipe": "dorefa", "bits": 8}, 2),
+    # layer inputs divided by their maximum before Eq. 11 instead of clipped to [0, 1] (DoReFaConfig.activation_range)
+    "dorefa-8-max": ({"recipe": "dorefa", "bits": 8, "activation_range": "max"}, 2),
     "cpt-3-8": ({"recipe": "int8", "schedule": "cpt", "schedule_min_bits": 3, "schedule_max_bits": 8,
                  "schedule_cycles": 32, "schedule_grad_bits": 8}, 2),
     "integer-only": ({"recipe": "integer-only"}, 2),
@@ -117,7 +119,8 @@ TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8-gsr": ("fp32", 0.2, None), "int8-dataflow-gsr": ("fp32", 0.2, None), "int8-fl": ("fp32", 0.2, None),
     "int8-bf16act": ("fp32", 0.2, None),
     "int8-dataflow-fl": ("fp32", 0.2, None),
-    **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "wageubn-gsr", "dorefa-8")},
+    **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "wageubn-gsr", "dorefa-8",
+                                               "dorefa-8-max")},
     "cpt-3-8": ("int8", 0.3, 0.6),
     **{v: ("fp32", 3.0, None) for v in ("integer-only", "integer-only-bngain", "integer-only-bngain-lr9")},
 }
@@ -699,7 +702,8 @@ def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st:
         "Weight decay applies to every parameter (the trainer's SGD); wageubn trains with its own quantized SGD "
         "(WageubnSGD: momentum, no nesterov).",
         "dorefa-8: k = 8 on every converted layer (9-bit GEMM codes, as exact int8 halves); first and last "
-        "layer float (the paper's setting). cpt-3-8: int8 recipe, CPT forward bits 3..8 over 32 cycles for the "
+        "layer float (the paper's setting); its layer inputs clipped to [0, 1] (Eq. 11), dorefa-8-max: divided by "
+        "their per-tensor maximum instead (--activation-range max). cpt-3-8: int8 recipe, CPT forward bits 3..8 over 32 cycles for the "
         "weights and activations in all three GEMMs (since cca24bf; earlier rows: superseded_cpt_backward8.jsonl), "
         "gradients 8 bits.",
         "integer-only: inttrain.micro's own integer weight update (none of the float optimizer's settings above "

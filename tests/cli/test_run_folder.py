@@ -258,3 +258,14 @@ def test_bf16_activations_option(tmp_path: Path, capsys: pytest.CaptureFixture[s
     run = tmp_path / "bf"
     assert _train(run, "--recipe", "int8", "--bf16-activations", "--max-steps", "2") == 0
     assert yaml.safe_load((run / "config.yaml").read_text())["bf16_activations"] is True
+
+
+def test_activation_range_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _train(tmp_path / "r", "--recipe", "int8", "--activation-range", "max") == 2
+    assert _err(capsys) == "error: --activation-range: recipe 'int8' has no activation-range choice; use dorefa"
+    assert _train(tmp_path / "r", "--recipe", "dorefa", "--activation-range", "wide") == 2
+    assert _err(capsys) == "error: --activation-range: dorefa activation_range='wide': allowed clip, max"
+    assert not (tmp_path / "r").exists()
+    run = tmp_path / "max"
+    assert _train(run, "--recipe", "dorefa", "--activation-range", "max", "--max-steps", "2") == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["activation_range"] == "max"

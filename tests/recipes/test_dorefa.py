@@ -38,6 +38,38 @@ def test_activation_ste_gradient_is_one_inside_the_clip():
     assert x.grad.tolist() == [0.0, 1.0, 1.0, 0.0]
 
 
+def test_activation_max_range_by_hand():
+    # M = 1.7; clip(x, 0, M) / M = [0, .1176, .3529, 1]; x3 -> [0, .353, 1.059, 3] -> [0, 0, 1, 3]; / 3 * M
+    x = torch.tensor([-0.5, 0.2, 0.6, 1.7], requires_grad=True)
+    a = dorefa_activation(x, 2, "max")
+    assert torch.allclose(a, torch.tensor([0.0, 0.0, 1.7 / 3, 1.7]))
+    a.sum().backward()  # M is a constant to autograd: the STE passes 1 on [0, M], the maximum included
+    assert x.grad.tolist() == [0.0, 1.0, 1.0, 1.0]
+    assert dorefa_activation(torch.full((3,), -2.0), 4, "max").tolist() == [0.0, 0.0, 0.0]  # nothing positive
+    with pytest.raises(ValueError, match="activation_range 'wide': allowed clip, max"):
+        dorefa_activation(x, 2, "wide")
+
+
+@pytest.mark.parametrize("make_layer,shape", [(lambda: nn.Linear(16, 8), (5, 16)),
+                                              (lambda: nn.Conv2d(4, 6, 3, padding=1), (2, 4, 6, 6))])
+def test_max_activation_range_gemms_are_exact(make_layer, shape):
+    """k = 8 under "max": codes n in [0, 255] with the scale M / 255 (9-bit), multiplied exactly."""
+    torch.manual_seed(0)
+    layer = make_layer()
+    x = torch.rand(*shape) * 5.0 - 1.0  # well past 1: the clip would lose most of it
+    a, w = dorefa_activation(x, 8, "max"), dorefa_weight(layer.weight.detach(), 8)
+    ref = F.linear(a, w, layer.bias.detach()) if x.dim() == 2 else F.conv2d(a, w, layer.bias.detach(), padding=1)
+    inttrain.prepare_(layer, DoReFaConfig(activation_range="max", first_last_float=False))
+    assert layer.precision.forward.lhs.fixed_amax is None
+    reset_kernel_calls()
+    y = layer(x)
+    assert sum(int_kernel_calls().values()) > 0
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    clipped = dorefa_activation(x, 8)  # the paper's clip gives another product on these inputs
+    other = F.linear(clipped, w, layer.bias.detach()) if x.dim() == 2 else F.conv2d(clipped, w, layer.bias.detach(), padding=1)
+    assert not torch.allclose(ref, other, atol=1e-2)
+
+
 def test_gradient_eq12_by_hand():
     dr = torch.tensor([-2.0, 1.0, 0.5, 2.0])
     # max|dr| = 2; r = dr / 4 + 1/2 = [0, .75, .625, 1]; 3r = [0, 2.25, 1.875, 3]
@@ -54,6 +86,12 @@ def test_gradient_noise_is_unbiased_and_keeps_the_extremes():
     q = dorefa_gradient(dr, 3, seed=7)
     assert float(q.abs().max()) == pytest.approx(float(dr.abs().max()))
     assert float((q - dr).mean()) == pytest.approx(0.0, abs=0.02)
+
+
+def test_gradient_zero_and_non_finite_pass_through_unchanged():
+    assert dorefa_gradient(torch.zeros(4), 3, seed=1).tolist() == [0.0] * 4
+    bad = torch.tensor([1.0, float("inf"), -2.0])
+    assert torch.equal(dorefa_gradient(bad, 3, seed=1), bad)  # the layer's NaN/inf guard sees it as it was
 
 
 def test_integer_gemms_multiply_the_papers_values_exactly():
@@ -76,6 +114,8 @@ def test_bad_configs_fail_with_the_allowed_range():
         DoReFaConfig(a_bits=1)
     with pytest.raises(UnsupportedFormatError, match="conv_bits=16: allowed 2 to 15 or None"):
         DoReFaConfig(conv_bits=16)
+    with pytest.raises(UnsupportedFormatError, match="activation_range='wide': allowed clip, max"):
+        DoReFaConfig(activation_range="wide")
     with pytest.raises(ValueError, match="dorefa"):
         from_name("dorefa-net")
 

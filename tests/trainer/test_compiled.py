@@ -34,7 +34,8 @@ def test_compile_failure_falls_back_to_eager_with_one_message(monkeypatch) -> No
 
 
 def test_recipes_whose_hooks_break_the_graph_do_not_compile_by_default() -> None:
-    """dorefa reads max|x| with .item() and unified-int8 branches on each gradient's amax in every layer: compiled,
+    """dorefa hands its gradient transform to the integer Function as a callable and unified-int8 branches on
+    each gradient's amax in every layer: compiled,
     every layer is its own graph and the recompile limit is hit, so they train eagerly unless asked."""
     import inttrain
 

@@ -42,12 +42,13 @@ _ROUNDINGS = {"nearest": "NEAREST_EVEN", "stochastic": "STOCHASTIC"}
 
 def recipe_config_for(recipe: str, bits: int | None, weight_grad_rounding: str | None = None,
                       grad_rounding: str | None = None, first_last_float: bool | None = None,
-                      bf16_activations: bool | None = None) -> Any:
+                      bf16_activations: bool | None = None, activation_range: str | None = None) -> Any:
     """The config ``prepare_`` gets: None (use the name), or the recipe's config with ``bits`` (and the
-    gradient roundings, the first/last-layer policy, bfloat16 activations) set."""
+    gradient roundings, the first/last-layer policy, bfloat16 activations, the activation range) set."""
     import inttrain
 
-    switches = {"first_last_float": first_last_float, "bf16_activations": bf16_activations}
+    switches = {"first_last_float": first_last_float, "bf16_activations": bf16_activations,
+                "activation_range": activation_range}
     if bits is None and weight_grad_rounding is None and grad_rounding is None and all(
             v is None for v in switches.values()):
         return None
@@ -141,7 +142,7 @@ def validate_config(cfg: RunConfig) -> Any:
             cfg.dataset, f"a file or folder with the {cfg.dataset} data")
         raise UsageProblem("--data-dir", f"{cfg.data_dir!r} does not exist; expected {where}")
     return recipe_config_for(cfg.recipe, cfg.bits, cfg.weight_grad_rounding, cfg.grad_rounding,
-                             cfg.first_last_float, cfg.bf16_activations)
+                             cfg.first_last_float, cfg.bf16_activations, cfg.activation_range)
 
 
 def _check_optimizer_knobs(cfg: RunConfig) -> None:

@@ -120,6 +120,13 @@ class RecipeConfig:
             raise ValueError(f"recipe {self.name!r} has no bfloat16-activation choice; use int8")
         return dataclasses.replace(self, bf16_activations=on)
 
+    def with_activation_range(self, activation_range: str) -> RecipeConfig:
+        """This config with its activation range set (``inttrain train --activation-range``, dorefa's
+        ``clip`` or ``max``); ValueError if the recipe has no such choice or the value is not one of its."""
+        if "activation_range" not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(f"recipe {self.name!r} has no activation-range choice; use dorefa")
+        return dataclasses.replace(self, activation_range=activation_range)
+
     def converts_layers(self) -> bool:
         """False for float baselines (fp32, bf16), which leave the model untouched."""
         return True
