@@ -104,7 +104,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "dorefa-8-max": ({"recipe": "dorefa", "bits": 8, "activation_range": "max"}, 2),
     "cpt-3-8": ({"recipe": "int8", "schedule": "cpt", "schedule_min_bits": 3, "schedule_max_bits": 8,
                  "schedule_cycles": 32, "schedule_grad_bits": 8}, 2),
-    "integer-only": ({"recipe": "integer-only"}, 2),
+    # batch norms without the gain (the default was 0 when its row ran; it is 3 since the bngain rows below)
+    "integer-only": ({"recipe": "integer-only", "bn_gain_shift": 0}, 2),
     # each batch norm's output scaled by 2**3, Banner et al.'s range correction (IntegerOnlyConfig.bn_gain_shift)
     "integer-only-bngain": ({"recipe": "integer-only", "bn_gain_shift": 3}, 2),
     # and a step one power of two smaller than micro's default (--lr-bits 9 for 10): best in a 5-epoch sweep of the
