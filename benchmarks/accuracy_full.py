@@ -93,6 +93,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "int8-fl": ({"recipe": "int8", "first_last_float": True}, 3),
     "int8-bf16act": ({"recipe": "int8", "bf16_activations": True}, 3),
     "int8-dataflow-fl": ({"recipe": "int8", "dataflow": True, "first_last_float": True}, 3),
+    # fp32 with wageubn's momentum (WageubnSGD has no nesterov): how much of wageubn's gap is the optimizer
+    "fp32-no-nesterov": ({"recipe": "fp32", "nesterov": False}, 2),
     "unified-int8": ({"recipe": "unified-int8"}, 2),
     "sbm": ({"recipe": "sbm"}, 2),
     # WageubnSGD (the recipe's quantized update) has momentum but no nesterov variant.
