@@ -45,8 +45,8 @@ Differences from the paper:
   ReLU network with batch norm and residual sums does not give (ResNet-20's convolution inputs reach far
   above 1).  The paper's clip then discards them and zeroes their gradients; "max" divides by the tensor's
   maximum first (as Eqs. 9 and 12 normalise weights and gradients by theirs) and multiplies it back after.
-  Measured in float simulation (ResNet-20 on 4000 CIFAR images, 6 epochs, seed 0, the benchmark's SGD and
-  OneCycle): training loss / held-out accuracy 1.72 / 34.2% with the clip, 1.37 / 46.9% with "max", against
+  Measured in float simulation (``benchmarks/short_ablation.py --group dorefa``: ResNet-20 on 4000 CIFAR images,
+  6 epochs, seed 0, the full-budget benchmark's SGD and OneCycle): training loss / held-out accuracy 1.72 / 34.2% with the clip, 1.37 / 46.9% with "max", against
   fp32's 1.39 / 47.4% and 1.40 / 48.2% with the activation quantizer left out.
 """
 
