@@ -5,8 +5,9 @@
 
 ResNet-20 (seed-``--seed`` initial weights, the same for every variant) on the first ``--train-size`` images of a
 seed-0 permutation of the file, normalised by the channel statistics of its first ``--val-start`` (16000);
-validated on the ``--val-size`` (1000) images from there on; batch 128, SGD momentum 0.9, weight decay 5e-4, OneCycle to a peak of 0.1, crop-flip, the
-same batches and crops for every variant.  One JSON row per variant and epoch is appended to ``OUT/results.jsonl``.
+validated on the ``--val-size`` (1000) images from there on; batch 128, SGD momentum 0.9, weight decay 5e-4,
+OneCycle to a peak of 0.1, crop-flip, the same batches and crops for every variant.  One JSON row per variant
+and epoch is appended to ``OUT/results.jsonl``.
 
 Groups:
 
@@ -145,7 +146,8 @@ def run(variant: str, group: str, data: tuple[torch.Tensor, ...], seed: int, epo
             total += loss.item()
         model.eval()
         with torch.no_grad():
-            correct = sum(int((model(xva[j:j + 250]).argmax(1) == yva[j:j + 250]).sum()) for j in range(0, len(xva), 250))
+            correct = sum(int((model(xva[j:j + 250]).argmax(1) == yva[j:j + 250]).sum())
+                          for j in range(0, len(xva), 250))
         rows.append({"group": group, "variant": variant, "seed": seed, "epoch": epoch + 1,
                      "train_loss": round(total / steps_per, 4), "val_accuracy": correct / len(xva),
                      "seconds": round(time.time() - t0)})
@@ -168,9 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     names = GROUPS[args.group] if not args.variants else tuple(args.variants.split(","))
     unknown = [v for v in names if v not in GROUPS[args.group]]
+    sizes = ("epochs", "train_size", "threads", "val_start", "val_size")
     problem = (f"--variants: {', '.join(unknown)} not in group {args.group} ({', '.join(GROUPS[args.group])})"
-               if unknown else next((f"--{k.replace('_', '-')}: {getattr(args, k)} must be >= 1" for k in
-                                     ("epochs", "train_size", "threads", "val_start", "val_size") if getattr(args, k) < 1), None))
+               if unknown else next((f"--{k.replace('_', '-')}: {getattr(args, k)} must be >= 1"
+                                     for k in sizes if getattr(args, k) < 1), None))
     if problem is None and args.seed < 0:
         problem = f"--seed: {args.seed} must be >= 0"
     try:

@@ -38,16 +38,17 @@ Differences from the paper:
   Linear/Conv2d in module order stay float32, as in the paper's experiments);
 - Eq. 12's maximum is taken over the whole gradient tensor, where the paper (and the authors' code) take one
   per sample: a per-sample scale lies on the reduced axis of the weight-gradient GEMM (``dr^T a`` sums over
-  the batch), where it does not factor out of an integer product.  In float simulation (ResNet-20, 4k CIFAR
-  images, 4 epochs) dropping gradient quantization altogether changed nothing measurable (loss 1.849 against
-  1.843), so the per-tensor maximum is not where DoReFa's accuracy goes;
+  the batch), where it does not factor out of an integer product.  In float simulation (ResNet-20, 4000 CIFAR
+  images, after 4 of 6 epochs) dropping gradient quantization altogether changed nothing measurable (training
+  loss 1.849 against 1.843), so the per-tensor maximum is not where DoReFa's accuracy goes;
 - ``activation_range="max"`` is inttrain's option, not the paper's: Eq. 11 needs inputs in [0, 1], which a
   ReLU network with batch norm and residual sums does not give (ResNet-20's convolution inputs reach far
   above 1).  The paper's clip then discards them and zeroes their gradients; "max" divides by the tensor's
   maximum first (as Eqs. 9 and 12 normalise weights and gradients by theirs) and multiplies it back after.
-  Measured in float simulation (``benchmarks/short_ablation.py --group dorefa``: ResNet-20 on 4000 CIFAR images,
-  6 epochs, seed 0, the full-budget benchmark's SGD and OneCycle): training loss / held-out accuracy 1.72 / 34.2% with the clip, 1.37 / 46.9% with "max", against
-  fp32's 1.39 / 47.4% and 1.40 / 48.2% with the activation quantizer left out.
+  Measured in float simulation (``benchmarks/short_ablation.py --group dorefa``: ResNet-20 on 4000 CIFAR
+  images, 6 epochs, seed 0, the full-budget benchmark's SGD and OneCycle): training loss / held-out accuracy
+  1.72 / 34.2% with the clip, 1.37 / 46.9% with "max", against fp32's 1.39 / 47.4% and 1.40 / 48.2% with the
+  activation quantizer left out.
 """
 
 from __future__ import annotations
