@@ -154,6 +154,8 @@ def test_bn_gain_shift_brings_the_converted_resnet_to_float_batch_norm_scale():
         ratio[shift] = float(logits.norm() / ref.norm())
         assert float((logits * ref).sum() / logits.norm() / ref.norm()) > 0.95
     assert gains == {0: {0}, 3: {3}}
+    default = convert(f, IntegerOnlyConfig(drop_bias=True), input_shape=[3, 16, 16])  # the gain is the default
+    assert {layer.gain_shift for layer in _flat_layers(default.layers) if isinstance(layer, T.BatchNorm)} == {3}
     assert 0.1 < ratio[0] < 0.25 and 1.0 < ratio[3] < 1.8, ratio   # measured 0.163-0.174 and 1.30-1.39, seeds 0-2
 
 
