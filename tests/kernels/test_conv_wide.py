@@ -76,6 +76,7 @@ def test_long_reductions_are_chunked_and_stay_exact() -> None:
     x, w = _codes(9, (2, 160, 5, 5), g), _codes(9, (160, 160, 3, 3), g)
     x.fill_(-255)
     w.fill_(-255)  # every product at its largest: a float32 sum of one call would round
+    x.view(-1)[-1] = w.view(-1)[-1] = -254  # not all odd: the int8 halves (affine codes: their own test below)
     sx, sw = torch.tensor([1.0]), torch.ones(160)
     reset_kernel_calls()
     y = conv_wide.conv2d_forward(x, sx, w, sw, geom)
@@ -123,3 +124,93 @@ def test_native_combine_rejects_parts_it_cannot_read_as_pixel_rows() -> None:
     got = native.wide_combine([(256, stacked[:, :4]), (1, stacked[:, 4:])], 4, torch.full((4,), 0.5), 2.0)
     want = ((stacked[:, :4].double() * 256 + stacked[:, 4:].double()) * 1.0).float()
     assert torch.equal(got, want) and got.is_contiguous(memory_format=torch.channels_last)
+
+
+# ------------------------------------------------------------------ affine codes (DoReFa's): one int8 call each
+
+def _unsigned(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """Codes 0..255 (DoReFa's activations), both ends present."""
+    q = torch.randint(0, 256, shape, generator=g)
+    q.view(-1)[0], q.view(-1)[-1] = 0, 255
+    return q.to(torch.int16)
+
+
+def _odd(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """Odd codes within +-255 (DoReFa's weights and gradients), both ends present."""
+    q = 2 * torch.randint(0, 256, shape, generator=g) - 255
+    q.view(-1)[0], q.view(-1)[-1] = -255, 255
+    return q.to(torch.int16)
+
+
+def _int8(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    return _codes(8, shape, g)
+
+
+def test_affine_codes_recognise_unsigned_and_odd_codes_only() -> None:
+    g = torch.Generator().manual_seed(5)
+    unsigned, odd = conv_wide.affine_codes(_unsigned((4, 9), g)), conv_wide.affine_codes(_odd((4, 9), g))
+    assert (unsigned.mul, unsigned.add) == (1, 128) and (odd.mul, odd.add) == (2, 1)
+    for codes in (unsigned, odd):  # q = mul * j + add, j int8, and j + 128 as uint8
+        j = codes.j()
+        assert j.dtype == torch.int8 and torch.equal(codes.mul * j.to(torch.int16) + codes.add, codes.q)
+        assert torch.equal(codes.shifted().to(torch.int16) - 128, j.to(torch.int16))
+    assert conv_wide.affine_codes(_int8((3, 3), g)).mul == 1
+    rejected = [torch.tensor([0, 256]), torch.tensor([-1, 2, 5]), torch.tensor([-255, 257]), torch.tensor([-2, 4]),
+                torch.tensor([-3, 0, 3]), torch.zeros(0)]
+    for q in rejected:
+        assert conv_wide.affine_codes(q.to(torch.int16)) is None, q
+
+
+PAIRS = [(_unsigned, _odd), (_odd, _odd), (_unsigned, _unsigned), (_int8, _odd), (_unsigned, _int8)]
+
+
+@pytest.mark.parametrize("geom", GEOMS)
+@pytest.mark.parametrize("make_a,make_b", PAIRS)
+def test_affine_codes_give_the_reference_bits_with_one_kernel_call(geom: ConvGeometry, make_a, make_b) -> None:
+    """Activation and output-gradient codes ``make_a``, weights ``make_b``: every convolution equals the int64
+    reference bit for bit, on one int8 kernel call where ungrouped (grouped ones keep the int8 halves)."""
+    g = torch.Generator().manual_seed(17)
+    x, w = make_a((3, 8, 9, 7), g), make_b((6, 8 // geom.groups, 3, 3), g)
+    dy = make_a((3, 6, *_out_hw(geom, (9, 7), 3)), g)
+    sx, sw, sg = torch.tensor([0.01]), torch.rand(6, generator=g) + 0.1, torch.rand(6, generator=g) + 0.1
+    sw_in = torch.rand(8, generator=g) + 0.1
+    reset_kernel_calls()
+    y = conv_wide.conv2d_forward(x, sx, w, sw, geom)
+    dx = conv_wide.conv2d_input_grad(dy, sg[:1], w, sw_in, tuple(x.shape), geom)
+    dw = conv_wide.conv2d_weight_grad(dy, sg, x, sx, tuple(w.shape), geom)
+    assert torch.equal(y.contiguous(), conv_reference.conv2d_forward(x, sx, w, sw, geom))
+    assert torch.equal(dx.contiguous(), conv_reference.conv2d_input_grad(dy, sg[:1], w, sw_in, tuple(x.shape), geom))
+    assert torch.equal(dw.contiguous(), conv_reference.conv2d_weight_grad(dy, sg, x, sx, tuple(w.shape), geom))
+    if geom.groups == 1:
+        assert int_kernel_calls() == {"conv_fwd": 1, "conv_dgrad": 1, "conv_wgrad": 1}
+
+
+def test_affine_codes_chunk_long_reductions_exactly() -> None:
+    """160 input channels x 9 taps of the largest products: the one int8 call per chunk stays exact."""
+    g = torch.Generator().manual_seed(8)
+    geom = GEOMS[0]
+    x, w = _unsigned((2, 160, 5, 5), g).fill_(255), _odd((160, 160, 3, 3), g).fill_(-255)
+    sx, sw = torch.tensor([1.0]), torch.ones(160)
+    reset_kernel_calls()
+    y = conv_wide.conv2d_forward(x, sx, w, sw, geom)
+    assert int_kernel_calls()["conv_fwd"] == 2
+    assert torch.equal(y.contiguous(), conv_reference.conv2d_forward(x, sx, w, sw, geom))
+    dy = _odd(tuple(y.shape), g).fill_(255)
+    dx = conv_wide.conv2d_input_grad(dy, sx, w, sw, tuple(x.shape), geom)
+    assert torch.equal(dx.contiguous(), conv_reference.conv2d_input_grad(dy, sx, w, sw, tuple(x.shape), geom))
+
+
+def test_affine_codes_fused_passes_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the passes compiled (INTTRAIN_COMPILE=1, as outside the tests) the results are the reference's."""
+    monkeypatch.setenv("INTTRAIN_COMPILE", "1")
+    g = torch.Generator().manual_seed(21)
+    geom = GEOMS[1]
+    x, w = _unsigned((2, 8, 9, 7), g), _odd((6, 8, 3, 3), g)
+    sx, sw = torch.tensor([0.03]), torch.rand(6, generator=g) + 0.1
+    y = conv_wide.conv2d_forward(x, sx, w, sw, geom)
+    assert torch.equal(y.contiguous(), conv_reference.conv2d_forward(x, sx, w, sw, geom))
+    dy = _odd(tuple(y.shape), g)
+    dx = conv_wide.conv2d_input_grad(dy, sx, w, sw[:1], tuple(x.shape), geom)
+    assert torch.equal(dx.contiguous(), conv_reference.conv2d_input_grad(dy, sx, w, sw[:1], tuple(x.shape), geom))
+    dw = conv_wide.conv2d_weight_grad(dy, sw, x, sx, tuple(w.shape), geom)
+    assert torch.equal(dw.contiguous(), conv_reference.conv2d_weight_grad(dy, sw, x, sx, tuple(w.shape), geom))

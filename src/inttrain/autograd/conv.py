@@ -13,7 +13,8 @@ convolution already in forward, so backward keeps its int8 codes instead of the 
 
 A GEMM with codes wider than 8 bits (9..16, int16 storage) runs on :mod:`inttrain.kernels.conv_wide`: the
 int16 codes split into exact int8 halves, each pair of halves one int8 convolution on the same kernels (exact,
-two to four times the int8 work).
+two to four times the int8 work), or, for codes that are an int8 code times a constant plus an offset (DoReFa's
+unsigned activations and odd weights and gradients), one int8 convolution and two small exact corrections.
 """
 
 from __future__ import annotations

@@ -21,6 +21,18 @@ The weight-gradient kernel hands back exact int64 sums.  The final scaling is :m
 sum times float64 scales, rounded once to float32), so the results equal it -- and :mod:`.conv_reference` --
 bit for bit.
 
+Codes that are an int8 code times a constant plus an offset need only one int8 convolution (a ~4x saving in the
+9 x 9-bit case): DoReFa's (``recipes.dorefa``) activations are unsigned bytes ``q = j + 128`` and its weights and
+gradients odd numbers ``q = 2 j + 1``, ``j`` int8.  For ``x = a_x j_x + b_x`` (on real positions: zero padding
+stays zero) and ``w = a_w j_w + b_w``, linearity gives
+
+    conv(x, w) = a_x a_w conv(j_x, j_w) + a_w b_x conv(1, j_w) + b_w conv(x, 1),
+
+one int8 convolution plus two exact float64 corrections that each reduce over one operand only (the first is the
+same for every image, the second for every output channel; both as small as one channel of the output).  The
+input- and weight-gradient convolutions decompose the same way.  :func:`affine_codes` recognises such codes (two
+reductions over the operand); other wide codes take the int8 halves.
+
 Falls back to :mod:`.conv_generic` (any device, any code) off the CPU, inside ``torch.compile`` (the kernels
 run through ``ctypes``, which a graph cannot trace), for grouped convolutions whose reduction needs chunking,
 and for the few 16-bit codes above 32639.
@@ -28,14 +40,19 @@ and for the few 16-bit codes above 32639.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from . import conv, conv_generic, native
 from .conv_geometry import ConvGeometry
 from .counters import count
+from .fused import _run
 
-__all__ = ["split_rounded", "conv2d_forward", "conv2d_input_grad", "conv2d_weight_grad"]
+__all__ = ["split_rounded", "AffineCodes", "affine_codes", "conv2d_forward", "conv2d_input_grad",
+           "conv2d_weight_grad"]
 
 _HALF_MAX = 32639  # largest code whose rounded high half fits int8: floor((32639 + 128) / 256) = 127
 _CHUNK_TERMS = (1 << 24) // (128 * 128)  # products of halves summed exactly in float32
@@ -57,6 +74,82 @@ def _parts(q: Tensor) -> _Parts:
         return [(1, q)]
     hi, lo = split_rounded(q)
     return [(256, hi), (1, lo)]
+
+
+@dataclass(frozen=True)
+class AffineCodes:
+    """Codes ``q = mul * j + add`` at every real position, ``j`` int8 (zero padding stays zero in ``q``)."""
+
+    q: Tensor  # int8 or int16 codes
+    mul: int
+    add: int
+
+    def j(self) -> Tensor:
+        """The int8 ``j`` (the weight operands of the kernels)."""
+        return self._convert(shifted=False)
+
+    def shifted(self) -> Tensor:
+        """``j + 128`` as uint8: the shifted codes the kernels read as their activation / gradient operand."""
+        return self._convert(shifted=True)
+
+    def _convert(self, shifted: bool) -> Tensor:
+        if self.q.dtype == torch.int8:
+            return conv.to_shifted_u8(self.q) if shifted else self.q
+        return _run(_affine_j_impl, {"q": self.q}, {"mul": self.mul, "add": self.add, "shifted": shifted})
+
+
+def _affine_j_impl(q: Tensor, mul: int, add: int, shifted: bool) -> Tensor:
+    j = q.to(torch.int32) - add
+    if mul == 2:
+        j = torch.bitwise_right_shift(j, 1)  # exact: q - add is even
+    return (j + 128).to(torch.uint8) if shifted else j.to(torch.int8)
+
+
+def _code_stats_impl(q: Tensor) -> Tensor:
+    q = q.to(torch.int32)
+    return torch.stack([q.amin(), q.amax(), torch.bitwise_and(q, 1).amin()])
+
+
+def affine_codes(q: Tensor) -> AffineCodes | None:
+    """``q`` as :class:`AffineCodes`: int8 codes as they are, unsigned 8-bit codes (0..255) as ``j + 128``, odd
+    codes within +-255 as ``2 j + 1``; None for other codes (and empty ones).  One fused pass reads ``q``."""
+    q = conv_generic.unshift_u8(q)
+    if q.dtype == torch.int8:
+        return AffineCodes(q, 1, 0)
+    if q.dtype != torch.int16 or q.numel() == 0:
+        return None
+    low, high, lowest_bit = _run(_code_stats_impl, {"q": q}, {}).tolist()
+    if low >= 0 and high <= 255:
+        return AffineCodes(q, 1, 128)
+    if low >= -255 and high <= 255 and lowest_bit == 1:  # every code odd
+        return AffineCodes(q, 2, 1)
+    return None
+
+
+def _affine_pair(a: Tensor, b: Tensor, geom: ConvGeometry) -> tuple[AffineCodes, AffineCodes] | None:
+    """Both operands as affine codes, when the single-convolution path can take them (CPU, ungrouped, eager)."""
+    if geom.groups != 1 or torch.compiler.is_compiling() or a.device.type != "cpu" or b.device.type != "cpu":
+        return None
+    pa = affine_codes(a)
+    pb = affine_codes(b) if pa is not None else None
+    return None if pb is None else (pa, pb)
+
+
+def _code_sum_impl(q: Tensor, dim: int) -> Tensor:
+    return q.to(torch.int32).sum(dim, keepdim=True).to(torch.float64)
+
+
+def _channel_sum(q: Tensor, dim: int) -> Tensor:
+    """Exact float64 sums of the codes over ``dim`` (0 or 1), kept as a dimension of one.  Over the channels
+    (int32: up to 65536 codes of 16 bits) one fused pass; over the batch an int64 column sum of the images as
+    rows (a compiled reduction over the outer axis of a channels-last tensor ran 4x slower)."""
+    q = conv_generic.unshift_u8(q)
+    if dim == 1:
+        return _run(_code_sum_impl, {"q": q}, {"dim": 1})
+    last = q.dim() == 4 and q.is_contiguous(memory_format=torch.channels_last)
+    images = q.permute(0, 2, 3, 1) if last else q
+    sums = images.reshape(q.shape[0], -1).sum(0, dtype=torch.int64).to(torch.float64).reshape(1, *images.shape[1:])
+    return sums.permute(0, 3, 1, 2) if last else sums
 
 
 def _fits(*codes: Tensor) -> bool:
@@ -94,9 +187,31 @@ def _weighted_sum(terms) -> Tensor:
     return acc
 
 
-def _combined(terms: list[tuple[int, Tensor]], channels: int, scale_a: Tensor, scale_b: Tensor) -> Tensor:
-    """``(sum of weight * part) * scale_a * scale_b[c]`` as float32 channels-last ``[N, channels, H, W]``: one
-    native pass where the library loads, else float64 torch ops (the same result bit for bit)."""
+def _affine_combine_impl(part: Tensor, tile: Tensor, row: Tensor, scale: Tensor, mul: int) -> Tensor:
+    return ((part.to(torch.float64) * mul + tile + row) * scale).to(torch.float32)
+
+
+def _affine_combined(terms: list[tuple[int, Tensor]], channels: int, scale_a: Tensor, scale_b: Tensor,
+                     corrections: tuple[Tensor, ...]) -> Tensor:
+    """:func:`_combined` with the affine codes' corrections: one fused pass (``torch.compile``, see
+    :mod:`.fused`) for a single part, the usual case; float64 torch ops to sum the chunks of long reductions."""
+    zero = torch.zeros((1, 1, 1, 1), dtype=torch.float64)
+    tile, row = (corrections + (zero, zero))[:2]
+    scale = (conv._scale_vector(scale_b, channels).to(torch.float64) * float(scale_a.reshape(-1)[0])).view(1, -1, 1, 1)
+    mul, part = terms[0]
+    if len(terms) > 1:
+        mul, part = 1, _weighted_sum(terms)
+    y = _run(_affine_combine_impl, {"part": part, "tile": tile, "row": row, "scale": scale}, {"mul": mul})
+    return y.contiguous(memory_format=torch.channels_last)
+
+
+def _combined(terms: list[tuple[int, Tensor]], channels: int, scale_a: Tensor, scale_b: Tensor,
+              corrections: tuple[Tensor, ...] = ()) -> Tensor:
+    """``(sum of weight * part + corrections) * scale_a * scale_b[c]`` as float32 channels-last
+    ``[N, channels, H, W]``: one native pass where the library loads, else float64 torch ops (the same result bit
+    for bit).  ``corrections``: float64 integer tensors that broadcast to the output (the affine codes' terms)."""
+    if corrections:
+        return _affine_combined(terms, channels, scale_a, scale_b, corrections)
     if native.available():
         parts = [(weight, part.contiguous(memory_format=torch.channels_last)) for weight, part in terms]
         return native.wide_combine(parts, channels, conv._scale_vector(scale_b, channels),
@@ -127,6 +242,9 @@ def conv2d_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geo
     """``conv2d(xq, wq) * x_scale * w_scale[co]`` as float32 channels-last; codes int8, shifted uint8 or int16."""
     co, cg, k_h, k_w = (int(v) for v in wq.shape)
     chunks = _chunks(cg, k_h * k_w, geom.groups)
+    affine = _affine_pair(xq, wq, geom) if chunks is not None else None
+    if affine is not None:
+        return _affine_forward(xq, x_scale, wq, w_scale, geom, *affine, chunks)
     if chunks is None or not _usable(xq, wq):
         return conv_generic.conv2d_forward(xq, x_scale, wq, w_scale, geom)
     one, ones = torch.ones(1), torch.ones(co)
@@ -140,6 +258,9 @@ def conv2d_input_grad(gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, 
     """``conv_transpose2d(gq, wq) * g_scale * w_scale[ci]`` as float32 ``input_shape``, channels-last."""
     co, cig, k_h, k_w = (int(v) for v in wq.shape)
     chunks = _chunks(co // geom.groups, k_h * k_w, geom.groups)
+    affine = _affine_pair(gq, wq, geom) if chunks is not None else None
+    if affine is not None:
+        return _affine_input_grad(gq, g_scale, wq, w_scale, input_shape, geom, *affine, chunks)
     if chunks is None or not _usable(gq, wq):
         return conv_generic.conv2d_input_grad(gq, g_scale, wq, w_scale, input_shape, geom)
     cin = int(input_shape[1])
@@ -152,6 +273,9 @@ def conv2d_input_grad(gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, 
 def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: tuple,
                        geom: ConvGeometry) -> Tensor:
     """``sum_{n,h,w} gq * im2col(xq) * g_scale[co] * x_scale`` as float32 ``weight_shape`` (exact int64 sums)."""
+    affine = _affine_pair(gq, xq, geom)
+    if affine is not None:
+        return _affine_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom, *affine)
     if not _usable(gq, xq):
         return conv_generic.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
     co = int(weight_shape[0])
@@ -163,4 +287,65 @@ def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor,
             for j, wg in enumerate(weights):
                 part = wg * wx * sums[j * co : (j + 1) * co]
                 acc = part if acc is None else acc + part
+    return _scaled(acc.to(torch.float64), x_scale, g_scale, co, 0)
+
+
+# ---------------------------------------------------------------- affine codes: one int8 convolution each
+
+def _affine_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry, xa: AffineCodes,
+                    wa: AffineCodes, chunks: list[slice]) -> Tensor:
+    """``conv(x, w) = a_x a_w conv(j_x, j_w) + a_w b_x conv(1, j_w) + b_w conv(x, 1)`` (module docstring)."""
+    co, _, k_h, k_w = (int(v) for v in wq.shape)
+    one, ones = torch.ones(1), torch.ones(co)
+    xu8, wj = xa.shifted(), wa.j()
+    terms = [(xa.mul * wa.mul, conv.conv2d_forward_u8(xu8[:, c], one, wj[:, c], ones, geom)) for c in chunks]
+    args = (None, geom.stride, geom.padding, geom.dilation)
+    corrections = []
+    if xa.add:  # x's offset on the real (unpadded) positions: one image's worth, the same for every image
+        valid = torch.ones((1, 1, *xq.shape[2:]), dtype=torch.float64)
+        corrections.append(F.conv2d(valid, _channel_sum(wj, 1), *args).mul_(xa.add * wa.mul))
+    if wa.add:  # w's offset times every code of x in the window: the same for every output channel
+        box = torch.ones((1, 1, k_h, k_w), dtype=torch.float64)
+        corrections.append(F.conv2d(_channel_sum(xq, 1), box, *args).mul_(wa.add))
+    return _combined(terms, co, x_scale, w_scale, tuple(corrections))
+
+
+def _affine_input_grad(gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple,
+                       geom: ConvGeometry, ga: AffineCodes, wa: AffineCodes, chunks: list[slice]) -> Tensor:
+    """``convT(g, w) = a_g a_w convT(j_g, j_w) + a_w b_g convT(1, j_w) + b_w convT(g, 1)``."""
+    _, _, k_h, k_w = (int(v) for v in wq.shape)
+    cin = int(input_shape[1])
+    one, ones = torch.ones(1), torch.ones(cin)
+    gu8, wj = ga.shifted(), wa.j()
+    terms = [(ga.mul * wa.mul, conv.conv2d_input_grad_u8(gu8[:, c], one, wj[c], ones, input_shape, geom))
+             for c in chunks]
+    args = (geom.stride, geom.padding, geom.dilation)
+    corrections = []
+    if ga.add:  # g's offset at every output position: the same for every image
+        every = torch.ones((1, 1, *gq.shape[2:]), dtype=torch.float64)
+        corrections.append(torch.nn.grad.conv2d_input((1, cin, *input_shape[2:]), _channel_sum(wj, 0), every,
+                                                      *args).mul_(ga.add * wa.mul))
+    if wa.add:  # w's offset times every code of g reaching a pixel: the same for every input channel
+        box = torch.ones((1, 1, k_h, k_w), dtype=torch.float64)
+        corrections.append(torch.nn.grad.conv2d_input((int(input_shape[0]), 1, *input_shape[2:]), box,
+                                                      _channel_sum(gq, 1), *args).mul_(wa.add))
+    return _combined(terms, cin, g_scale, w_scale, tuple(corrections))
+
+
+def _affine_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: tuple,
+                        geom: ConvGeometry, ga: AffineCodes, xa: AffineCodes) -> Tensor:
+    """``sum g x = a_g a_x sum j_g j_x + a_g b_x sum j_g 1 + b_g sum 1 x`` (1: the real positions), exact int64."""
+    count("conv_wgrad")
+    co = int(weight_shape[0])
+    gj = ga.j()
+    acc = conv.weight_grad_int(gj, xa.shifted(), weight_shape, geom) * (ga.mul * xa.mul)
+    args = (geom.stride, geom.padding, geom.dilation)
+    if xa.add:  # x's offset on the real positions against the summed j_g: the same for every input channel
+        valid = torch.ones((1, 1, *xq.shape[2:]), dtype=torch.float64)
+        part = torch.nn.grad.conv2d_weight(valid, (co, 1, *weight_shape[2:]), _channel_sum(gj, 0), *args)
+        acc += part.mul_(ga.mul * xa.add).to(torch.int64)
+    if ga.add:  # g's offset at every output position against the summed codes of x: the same for every co
+        every = torch.ones((1, 1, *gq.shape[2:]), dtype=torch.float64)
+        part = torch.nn.grad.conv2d_weight(_channel_sum(xq, 0), (1, *weight_shape[1:]), every, *args)
+        acc += part.mul_(ga.add).to(torch.int64)
     return _scaled(acc.to(torch.float64), x_scale, g_scale, co, 0)

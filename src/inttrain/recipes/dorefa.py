@@ -28,7 +28,9 @@ Differences from the paper:
 
 - the signed GEMM formats spend one extra bit (``k + 1``) because the codes above are odd integers or
   non-negative; layers therefore accept ``k`` up to 15 (codes beyond 8 bits, e.g. the default k = 8,
-  run exactly on int8 kernels via the int16 split, for Linear and Conv2d alike);
+  run exactly on int8 kernels via the int16 split, for Linear and Conv2d alike; at k = 8 a convolution's
+  codes are ``j + 128`` or ``2 j + 1`` with int8 ``j``, so each of its three GEMMs is one int8 convolution plus
+  two small exact corrections: ``kernels.conv_wide``);
 - 1-bit weights (the paper's Eq. 7, ``sign(w) * E|w|``) and 1-bit activations are not offered: k >= 2;
 - the gradient noise is drawn from inttrain's counter-based hash (reproducible), and ``q_k``'s argument is
   clipped to ``[0, 1]`` as in the authors' tensorpack code;
