@@ -587,8 +587,9 @@ def conv2d_weight_grad(
 
     ``gq`` may be int16 (up to 16-bit gradient codes, e.g. Banner et al.'s gradient bifurcation): it is
     split as in :func:`inttrain.kernels.matmul.split_int16`, ``g = 256 hi + lo + 128`` with int8 halves,
-    and ``sum g x = 256 sum hi x + sum lo x + 128 sum x``: three int8 weight-gradient convolutions
-    (the last with all-ones codes) recombined exactly in int64.
+    and ``sum g x = 256 sum hi x + sum lo x + 128 sum x``: one int8 weight-gradient convolution of the halves
+    stacked along the output channels, and ``sum x`` (the same for every output channel) from the batch sum of
+    ``x``, recombined exactly in int64.
     """
     count("conv_wgrad")
     if not _on_cpu(gq, xq):
@@ -598,14 +599,46 @@ def conv2d_weight_grad(
 
         return conv_reference.conv2d_weight_grad(gq, g_scale, conv_generic.unshift_u8(xq), x_scale, weight_shape, geom)
     if gq.dtype == torch.int16:
-        from .matmul import split_int16
-
-        hi, lo = split_int16(gq)
-        dw_int = (256 * weight_grad_int(hi, xq, weight_shape, geom) + weight_grad_int(lo, xq, weight_shape, geom)
-                  + 128 * weight_grad_int(torch.ones_like(hi), xq, weight_shape, geom))
+        dw_int = _int16_weight_grad_int(gq, xq, weight_shape, geom)
     else:
         dw_int = weight_grad_int(gq, xq, weight_shape, geom)
     return _scaled_weight_grad(dw_int, g_scale, x_scale)
+
+
+def batch_code_sum(q: Tensor) -> Tensor:
+    """Exact float64 sums of 4-D codes (int8, int16 or shifted uint8) over the batch, ``[1, C, H, W]``: an int64
+    column sum of the images as rows (a reduction over the outer axis of a channels-last tensor is 4x slower)."""
+    q = conv_generic.unshift_u8(q)
+    last = q.is_contiguous(memory_format=torch.channels_last)
+    images = q.permute(0, 2, 3, 1) if last else q
+    sums = images.reshape(q.shape[0], -1).sum(0, dtype=torch.int64).to(torch.float64).reshape(1, *images.shape[1:])
+    return sums.permute(0, 3, 1, 2) if last else sums
+
+
+def code_sum_weight_grad(xq: Tensor, g_hw: tuple[int, int], weight_shape: tuple, geom: ConvGeometry) -> Tensor:
+    """The weight gradient of an output gradient of all ones, ``sum_{n,h,w} x`` per weight (exact float64, the same
+    for every output channel of a group), broadcast to ``weight_shape``."""
+    co, cig, k_h, k_w = (int(v) for v in weight_shape)
+    every = torch.ones((1, 1, *g_hw), dtype=torch.float64)
+    sums = torch.nn.grad.conv2d_weight(batch_code_sum(xq), (1, int(xq.shape[1]), k_h, k_w), every, geom.stride,
+                                       geom.padding, geom.dilation)  # [1, Cin, kh, kw]
+    per_group = sums.reshape(geom.groups, 1, cig, k_h, k_w).expand(geom.groups, co // geom.groups, cig, k_h, k_w)
+    return per_group.reshape(co, cig, k_h, k_w)
+
+
+def _int16_weight_grad_int(gq: Tensor, xq: Tensor, weight_shape: tuple, geom: ConvGeometry) -> Tensor:
+    """Exact int64 weight-gradient sums of int16 ``gq``: ``g = 256 hi + lo + 128`` (split_int16)."""
+    from .matmul import split_int16
+
+    co = int(weight_shape[0])
+    hi, lo = split_int16(gq)
+    if geom.groups == 1:  # the halves stacked: one call reads x once (as conv_wide does)
+        sums = weight_grad_int(torch.cat([hi, lo], 1), xq, (2 * co, *weight_shape[1:]), geom)
+        hi_sums, lo_sums = sums[:co], sums[co:]
+    else:
+        hi_sums, lo_sums = (weight_grad_int(part, xq, weight_shape, geom) for part in (hi, lo))
+    ones = code_sum_weight_grad(xq, tuple(gq.shape[2:]), weight_shape, geom).to(torch.int64)
+    return 256 * hi_sums + lo_sums + 128 * ones
 
 
 def _scaled_weight_grad(dw_int: Tensor, g_scale: Tensor, x_scale: Tensor) -> Tensor:

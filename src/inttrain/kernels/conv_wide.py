@@ -140,16 +140,11 @@ def _code_sum_impl(q: Tensor, dim: int) -> Tensor:
 
 
 def _channel_sum(q: Tensor, dim: int) -> Tensor:
-    """Exact float64 sums of the codes over ``dim`` (0 or 1), kept as a dimension of one.  Over the channels
-    (int32: up to 65536 codes of 16 bits) one fused pass; over the batch an int64 column sum of the images as
-    rows (a compiled reduction over the outer axis of a channels-last tensor ran 4x slower)."""
-    q = conv_generic.unshift_u8(q)
-    if dim == 1:
-        return _run(_code_sum_impl, {"q": q}, {"dim": 1})
-    last = q.dim() == 4 and q.is_contiguous(memory_format=torch.channels_last)
-    images = q.permute(0, 2, 3, 1) if last else q
-    sums = images.reshape(q.shape[0], -1).sum(0, dtype=torch.int64).to(torch.float64).reshape(1, *images.shape[1:])
-    return sums.permute(0, 3, 1, 2) if last else sums
+    """Exact float64 sums of the codes over ``dim`` (0 or 1), kept as a dimension of one: over the channels (int32:
+    up to 65536 codes of 16 bits) one fused pass, over the batch :func:`.conv.batch_code_sum`."""
+    if dim == 0:
+        return conv.batch_code_sum(q)
+    return _run(_code_sum_impl, {"q": conv_generic.unshift_u8(q)}, {"dim": 1})
 
 
 def _fits(*codes: Tensor) -> bool:
@@ -345,7 +340,5 @@ def _affine_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor
         part = torch.nn.grad.conv2d_weight(valid, (co, 1, *weight_shape[2:]), _channel_sum(gj, 0), *args)
         acc += part.mul_(ga.mul * xa.add).to(torch.int64)
     if ga.add:  # g's offset at every output position against the summed codes of x: the same for every co
-        every = torch.ones((1, 1, *gq.shape[2:]), dtype=torch.float64)
-        part = torch.nn.grad.conv2d_weight(_channel_sum(xq, 0), (1, *weight_shape[1:]), every, *args)
-        acc += part.mul_(ga.add).to(torch.int64)
+        acc += conv.code_sum_weight_grad(xq, tuple(gq.shape[2:]), weight_shape, geom).mul(ga.add).to(torch.int64)
     return _scaled(acc.to(torch.float64), x_scale, g_scale, co, 0)

