@@ -187,3 +187,15 @@ def test_conv_bits_clamps_convolutions_and_says_so():
     x = torch.rand(4, 4, 6, 6)
     ref = F.conv2d(dorefa_activation(x, 7), dorefa_weight(model[1].weight.detach(), 7), model[1].bias.detach())
     torch.testing.assert_close(model[1](x), ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("compiled", ["0", "1"])
+def test_the_layer_hook_transforms_gradients_as_eq12_bit_for_bit(monkeypatch: pytest.MonkeyPatch, compiled: str) -> None:
+    """The hook runs Eq. 12 as one fused (compiled) pass outside the tests: the same bits as the eager function,
+    for every seed without recompiling per seed."""
+    monkeypatch.setenv("INTTRAIN_COMPILE", compiled)
+    hooks = DoReFaConfig().hooks_for(nn.Conv2d(3, 4, 3), "conv")
+    g = torch.Generator().manual_seed(4)
+    for seed, shape in [(0, (8, 4, 6, 6)), (12345, (8, 4, 6, 6)), (7, (5, 3))]:
+        dy = torch.randn(shape, generator=g) * 1e-3
+        assert torch.equal(hooks.grad_output(dy, seed), dorefa_gradient(dy, 8, seed))

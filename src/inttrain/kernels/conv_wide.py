@@ -49,7 +49,7 @@ from torch import Tensor
 from . import conv, conv_generic, native
 from .conv_geometry import ConvGeometry
 from .counters import count
-from .fused import _run
+from .fused import run_fused
 
 __all__ = ["split_rounded", "AffineCodes", "affine_codes", "conv2d_forward", "conv2d_input_grad",
            "conv2d_weight_grad"]
@@ -95,7 +95,7 @@ class AffineCodes:
     def _convert(self, shifted: bool) -> Tensor:
         if self.q.dtype == torch.int8:
             return conv.to_shifted_u8(self.q) if shifted else self.q
-        return _run(_affine_j_impl, {"q": self.q}, {"mul": self.mul, "add": self.add, "shifted": shifted})
+        return run_fused(_affine_j_impl, {"q": self.q}, {"mul": self.mul, "add": self.add, "shifted": shifted})
 
 
 def _affine_j_impl(q: Tensor, mul: int, add: int, shifted: bool) -> Tensor:
@@ -118,7 +118,7 @@ def affine_codes(q: Tensor) -> AffineCodes | None:
         return AffineCodes(q, 1, 0)
     if q.dtype != torch.int16 or q.numel() == 0:
         return None
-    low, high, lowest_bit = _run(_code_stats_impl, {"q": q}, {}).tolist()
+    low, high, lowest_bit = run_fused(_code_stats_impl, {"q": q}, {}).tolist()
     if low >= 0 and high <= 255:
         return AffineCodes(q, 1, 128)
     if low >= -255 and high <= 255 and lowest_bit == 1:  # every code odd
@@ -144,7 +144,7 @@ def _channel_sum(q: Tensor, dim: int) -> Tensor:
     up to 65536 codes of 16 bits) one fused pass, over the batch :func:`.conv.batch_code_sum`."""
     if dim == 0:
         return conv.batch_code_sum(q)
-    return _run(_code_sum_impl, {"q": conv_generic.unshift_u8(q)}, {"dim": 1})
+    return run_fused(_code_sum_impl, {"q": conv_generic.unshift_u8(q)}, {"dim": 1})
 
 
 def _fits(*codes: Tensor) -> bool:
@@ -196,7 +196,7 @@ def _affine_combined(terms: list[tuple[int, Tensor]], channels: int, scale_a: Te
     mul, part = terms[0]
     if len(terms) > 1:
         mul, part = 1, _weighted_sum(terms)
-    y = _run(_affine_combine_impl, {"part": part, "tile": tile, "row": row, "scale": scale}, {"mul": mul})
+    y = run_fused(_affine_combine_impl, {"part": part, "tile": tile, "row": row, "scale": scale}, {"mul": mul})
     return y.contiguous(memory_format=torch.channels_last)
 
 

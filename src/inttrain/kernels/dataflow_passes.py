@@ -26,7 +26,7 @@ import torch
 from ..numerics.quantize import round_and_clamp, scale_from_amax
 from ..spec import IntFormat, Rounding
 from . import native, ops
-from .fused import _run, column_amax, column_sum
+from .fused import run_fused, column_amax, column_sum
 
 __all__ = [
     "dequantize_rows", "relu_grad", "batch_norm_forward_rows", "batch_norm_forward_float_rows", "batch_norm_backward_rows", "relu_quantize_rows",
@@ -42,7 +42,7 @@ def _dequantize_impl(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``scale * (codes - 128)`` as float32 (``scale`` broadcasts over the rows)."""
-    return _run(_dequantize_impl, {"codes": codes, "scale": scale}, {})
+    return run_fused(_dequantize_impl, {"codes": codes, "scale": scale}, {})
 
 
 def _relu_grad_impl(codes: torch.Tensor, g: torch.Tensor, signed: bool) -> torch.Tensor:
@@ -60,7 +60,7 @@ def relu_grad(codes: torch.Tensor, g: torch.Tensor, signed: bool = False) -> tor
     the mask in backward, instead of also saving a bool mask, whose store Inductor does not vectorise (measured:
     an MLP step with int8 dataflow, 58.8 -> 32.9 ms at 1 thread).  A convolution saves the uint8 codes as they are.
     """
-    return _run(_relu_grad_impl, {"codes": codes, "g": g}, {"signed": signed})
+    return run_fused(_relu_grad_impl, {"codes": codes, "g": g}, {"signed": signed})
 
 
 def _bn_forward_impl(codes, scale, weight, bias, eps: float):
@@ -75,7 +75,7 @@ def _bn_forward_impl(codes, scale, weight, bias, eps: float):
 
 def batch_norm_forward_rows(codes, scale, weight, bias, eps: float):
     """Training batch norm of int8 rows: ``(y, mean, biased var, invstd)``."""
-    return _run(_bn_forward_impl, {"codes": codes, "scale": scale, "weight": weight, "bias": bias},
+    return run_fused(_bn_forward_impl, {"codes": codes, "scale": scale, "weight": weight, "bias": bias},
                 {"eps": float(eps)})
 
 
@@ -103,7 +103,7 @@ def batch_norm_forward_float_rows(x, weight, bias, eps: float, bits: int = 8):
     float output, the statistics, and ``max(relu(y))`` (``[1]``) from the per-channel extremes of ``x``: a ReLU
     after it quantizes without an amax pass over ``y`` (equal to that pass up to float rounding).
     """
-    return _run(_bn_forward_float_impl, {"x": x, "weight": weight, "bias": bias},
+    return run_fused(_bn_forward_float_impl, {"x": x, "weight": weight, "bias": bias},
                 {"eps": float(eps), "fmt": IntFormat(bits)})
 
 
@@ -124,7 +124,7 @@ def batch_norm_backward_rows(codes, scale, g, mean, invstd, weight):
     if codes.device.type == "cpu" and native.batch_norm_available():
         per_channel = [t.reshape(-1).expand(g.shape[1]).contiguous() for t in (scale, mean, invstd, weight)]
         return ops.batch_norm_backward_u8(codes, per_channel[0], g, *per_channel[1:])  # (a per-tensor scale too)
-    return _run(_bn_backward_impl, {"codes": codes, "scale": scale, "g": g, "mean": mean, "invstd": invstd,
+    return run_fused(_bn_backward_impl, {"codes": codes, "scale": scale, "g": g, "mean": mean, "invstd": invstd,
                                     "weight": weight}, {})
 
 
@@ -147,8 +147,8 @@ def relu_quantize_rows(x: torch.Tensor, bits: int = 8,
 
     ``amax`` (``[1]``), when the producer already knows ``max(relu(x))``, saves the amax pass."""
     if amax is not None:
-        return _run(_relu_quantize_known_impl, {"x": x, "amax": amax}, {"fmt": IntFormat(bits)})
-    return _run(_relu_quantize_impl, {"x": x}, {"fmt": IntFormat(bits)})
+        return run_fused(_relu_quantize_known_impl, {"x": x, "amax": amax}, {"fmt": IntFormat(bits)})
+    return run_fused(_relu_quantize_impl, {"x": x}, {"fmt": IntFormat(bits)})
 
 
 def _add_impl(a: torch.Tensor, b_codes: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
@@ -157,4 +157,4 @@ def _add_impl(a: torch.Tensor, b_codes: torch.Tensor, b_scale: torch.Tensor) -> 
 
 def add_rows(a: torch.Tensor, b_codes: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
     """``a + scale * (codes - 128)`` in float32: a float operand plus an int8 one, one pass."""
-    return _run(_add_impl, {"a": a, "b_codes": b_codes, "b_scale": b_scale}, {})
+    return run_fused(_add_impl, {"a": a, "b_codes": b_codes, "b_scale": b_scale}, {})

@@ -22,7 +22,7 @@ import torch
 from ..numerics.quantize import round_and_clamp, scale_from_amax, storage_dtype
 from ..spec import PerChannel, PerTensor, QuantSpec, UnsupportedFormatError
 
-__all__ = ["quantize_matrix", "matrix_scale", "channel_amax", "dequant_epilogue", "compile_enabled"]
+__all__ = ["quantize_matrix", "matrix_scale", "channel_amax", "dequant_epilogue", "compile_enabled", "run_fused"]
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def _epilogue_impl(acc: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, bias: 
     return y if bias is None else y + bias
 
 
-def _run(fn: Callable, tensors: dict, constants: dict):
+def run_fused(fn: Callable, tensors: dict, constants: dict):
     """``fn(**tensors, **constants)``, compiled once per distinct ``constants`` where fusion is on."""
     if compile_enabled() and not torch.compiler.is_compiling():
         try:
@@ -182,7 +182,7 @@ def quantize_matrix(
     if column_amax_of_x is not None:
         _check_column_amax(column_amax_of_x, x, kept_axis)
         tensors["column_amax_of_x"] = column_amax_of_x
-    return _run(_quantize_matrix_impl, tensors,
+    return run_fused(_quantize_matrix_impl, tensors,
                 {"spec": spec, "kept_axis": kept_axis, "transpose": transpose, "zero_point": zero_point})
 
 
@@ -197,7 +197,7 @@ def channel_amax(x: torch.Tensor) -> torch.Tensor:
     per-tensor scale of ``x`` (``kept_axis=1``) derive from, so two quantizers of one tensor read it once."""
     if x.dim() != 2 or x.numel() == 0:
         raise ValueError(f"channel_amax expects a non-empty 2-D tensor, got shape {tuple(x.shape)}")
-    return _run(_channel_amax_impl, {"x": x.detach()}, {})
+    return run_fused(_channel_amax_impl, {"x": x.detach()}, {})
 
 
 def matrix_scale(x: torch.Tensor, spec: QuantSpec, kept_axis: int,
@@ -212,7 +212,7 @@ def matrix_scale(x: torch.Tensor, spec: QuantSpec, kept_axis: int,
     if column_amax_of_x is not None:
         _check_column_amax(column_amax_of_x, x, kept_axis)
         tensors["column_amax_of_x"] = column_amax_of_x
-    return _run(_matrix_scale_impl, tensors, {"spec": spec, "kept_axis": kept_axis})
+    return run_fused(_matrix_scale_impl, tensors, {"spec": spec, "kept_axis": kept_axis})
 
 
 def dequant_epilogue(
@@ -222,7 +222,7 @@ def dequant_epilogue(
     if acc.numel() == 0:
         return _epilogue_impl(acc, sa, sb, bias)
     if bias is None:
-        return _run(_epilogue_impl, {"acc": acc, "sa": sa, "sb": sb}, {"bias": None})
-    return _run(_epilogue_impl, {"acc": acc, "sa": sa, "sb": sb, "bias": bias}, {})
+        return run_fused(_epilogue_impl, {"acc": acc, "sa": sa, "sb": sb}, {"bias": None})
+    return run_fused(_epilogue_impl, {"acc": acc, "sa": sa, "sb": sb, "bias": bias}, {})
 
 
