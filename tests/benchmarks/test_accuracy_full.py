@@ -82,6 +82,17 @@ def test_summary_pairs_gaps_by_seed(bench) -> None:
     assert near["cpt-3-8"]["target_met"] is True  # -0.2 / -0.2 points at 0.5 x int8's BitOPs
 
 
+def test_wageubn_is_also_paired_with_fp32_trained_by_its_own_update_rule(bench) -> None:
+    rows = [_row("fp32", 0, 0.85), _row("fp32", 1, 0.84), _row("fp32-no-nesterov", 0, 0.835),
+            _row("wageubn-gsr", 0, 0.8315), _row("wageubn-gsr", 1, 0.8328)]
+    summary = bench.summarize(rows, ["fp32", "fp32-no-nesterov", "wageubn", "wageubn-gsr"])
+    s = {r["variant"]: r for r in summary}
+    assert s["wageubn-gsr"]["target"] == "gap to fp32 >= -0.5 (paired mean -1.28)"  # the issue's target: fp32
+    # the same-optimizer line pairs seed 0 only (fp32-no-nesterov has no seed 1); wageubn has no rows: no line
+    assert bench.same_optimizer_lines(summary) == [
+        "wageubn-gsr against fp32-no-nesterov (the same update rule), paired over seeds [0]: -0.35 (-0.35)."]
+
+
 def _tiny_run(tmp_path: Path, variants: str) -> tuple[Path, list[str]]:
     """(out folder, command line) of a one-epoch, one-seed run of ``variants`` on 96 random 32x32 images."""
     rng = np.random.default_rng(0)
