@@ -199,3 +199,17 @@ def test_the_layer_hook_transforms_gradients_as_eq12_bit_for_bit(monkeypatch: py
     for seed, shape in [(0, (8, 4, 6, 6)), (12345, (8, 4, 6, 6)), (7, (5, 3))]:
         dy = torch.randn(shape, generator=g) * 1e-3
         assert torch.equal(hooks.grad_output(dy, seed), dorefa_gradient(dy, 8, seed))
+
+
+@pytest.mark.parametrize("activation_range", ["clip", "max"])
+def test_a_k8_convolution_runs_one_int8_kernel_call_per_gemm(activation_range: str) -> None:
+    """At k = 8 the codes are affine in int8 (activations j + 128, weights and gradients 2 j + 1): each of the
+    three GEMMs is one int8 convolution (kernels.conv_wide), not four of int8 halves."""
+    torch.manual_seed(0)
+    layer = nn.Conv2d(4, 6, 3, padding=1)
+    inttrain.prepare_(layer, DoReFaConfig(first_last_float=False, activation_range=activation_range))
+    x = torch.rand(2, 4, 7, 7, requires_grad=True)
+    reset_kernel_calls()
+    layer(x).square().sum().backward()
+    assert int_kernel_calls() == {"conv_fwd": 1, "conv_dgrad": 1, "conv_wgrad": 1}
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
