@@ -15,7 +15,9 @@ from inttrain.kernels.conv import ConvGeometry, to_shifted_u8
     (2, 8, 6, 5, 3, 1, 1, 2),    # grouped
 ])
 @pytest.mark.parametrize("shifted_x", [False, True])
-def test_int16_weight_grad_is_exact(n, cin, cout, hw, k, stride, pad, groups, shifted_x):
+@pytest.mark.parametrize("fused", ["0", "1"])
+def test_int16_weight_grad_is_exact(n, cin, cout, hw, k, stride, pad, groups, shifted_x, fused, monkeypatch):
+    monkeypatch.setenv("INTTRAIN_COMPILE", fused)  # "1": the halves split in one compiled pass, as outside the tests
     torch.manual_seed(0)
     geom = ConvGeometry((stride, stride), (pad, pad), (1, 1), groups)
     xq = torch.randint(-127, 128, (n, cin, hw, hw), dtype=torch.int8)

@@ -55,6 +55,7 @@ from ..spec import IntFormat, Rounding
 from . import conv_generic, native
 from .conv_geometry import ConvGeometry
 from .counters import count
+from .fused import run_fused
 from .matmul import int8_gemm_kernel
 
 __all__ = [
@@ -626,17 +627,24 @@ def code_sum_weight_grad(xq: Tensor, g_hw: tuple[int, int], weight_shape: tuple,
     return per_group.reshape(co, cig, k_h, k_w)
 
 
+def _stacked_halves_impl(q: Tensor) -> Tensor:
+    """:func:`~.matmul.split_int16`'s ``(hi, lo)`` of ``[N, C, ...]`` codes, stacked as ``[N, 2C, ...]``."""
+    q32 = q.to(torch.int32)
+    hi = torch.bitwise_right_shift(q32, 8)
+    return torch.cat([hi.to(torch.int8), (q32 - hi * 256 - 128).to(torch.int8)], 1)
+
+
 def _int16_weight_grad_int(gq: Tensor, xq: Tensor, weight_shape: tuple, geom: ConvGeometry) -> Tensor:
     """Exact int64 weight-gradient sums of int16 ``gq``: ``g = 256 hi + lo + 128`` (split_int16)."""
-    from .matmul import split_int16
-
     co = int(weight_shape[0])
-    hi, lo = split_int16(gq)
     if geom.groups == 1:  # the halves stacked: one call reads x once (as conv_wide does)
-        sums = weight_grad_int(torch.cat([hi, lo], 1), xq, (2 * co, *weight_shape[1:]), geom)
+        stacked = run_fused(_stacked_halves_impl, {"q": gq}, {})  # one pass; eager: ~8 int32 passes
+        sums = weight_grad_int(stacked, xq, (2 * co, *weight_shape[1:]), geom)
         hi_sums, lo_sums = sums[:co], sums[co:]
     else:
-        hi_sums, lo_sums = (weight_grad_int(part, xq, weight_shape, geom) for part in (hi, lo))
+        from .matmul import split_int16
+
+        hi_sums, lo_sums = (weight_grad_int(part, xq, weight_shape, geom) for part in split_int16(gq))
     ones = code_sum_weight_grad(xq, tuple(gq.shape[2:]), weight_shape, geom).to(torch.int64)
     return 256 * hi_sums + lo_sums + 128 * ones
 
