@@ -23,7 +23,8 @@ built, before any recipe converts it), the same data order and the same crop-fli
 of s and the step).  The 16k / 4k train / validation split is drawn once with ``--split-seed`` (0), the same
 for every job.
 
-Training settings (the issue's): SGD momentum 0.9 nesterov (wageubn: its WageubnSGD, no nesterov), weight
+Training settings (the issue's): SGD momentum 0.9 nesterov (wageubn: its WageubnSGD, no nesterov, except
+wageubn-gsr-nesterov), weight
 decay 5e-4 on every parameter, OneCycle (max lr ``--lr``), batch 128, crop-flip, 30 epochs.  They reach ``inttrain.trainer.train`` as its ``weight_decay``, ``momentum``,
 ``nesterov``, ``lr_schedule``, ``warmup_epochs`` keywords; a trainer without them trains with the plain
 defaults and the job row names the knobs it did not get (``knobs_missing``), so such rows are never mixed up
@@ -34,8 +35,10 @@ its weight-gradient GEMM rounded stochastically by default: nearest rounding in 
 ``int8-dataflow-gsr`` (the input-gradient GEMM's output gradient rounded stochastically too), ``int8-fl`` / ``int8-dataflow-fl``
 (the first and last layer in float32), ``int8-bf16act`` (the int8 recipe with bfloat16 activations between layers:
 its forward under bf16 autocast), ``unified-int8``,
-``sbm``, ``wageubn``, ``dorefa-8`` (k = 8 on every converted layer: a k-bit DoReFa value is a 9-bit GEMM code,
-which the convolutions take as two exact int8 halves), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
+``sbm``, ``wageubn``, ``wageubn-gsr`` (stochastic gradient rounding), ``wageubn-gsr-nesterov`` (and nesterov),
+``fp32-no-nesterov`` (fp32 with WageubnSGD's momentum), ``dorefa-8`` (k = 8 on every converted layer: a k-bit DoReFa
+value is a 9-bit GEMM code, which a convolution takes as one int8 convolution plus exact corrections),
+``dorefa-8-max`` (its inputs divided by their maximum, not clipped), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
 cycles, gradients 8 bits) and ``integer-only`` (its own engine: the seeded float model converted by
 ``inttrain.recipes.integer_only.convert``, trained by ``python -m inttrain.micro train`` with its defaults, this
 budget and crop-flip; see :func:`run_integer_only_job`; a model ``convert`` cannot take is recorded as ``skipped``
@@ -93,14 +96,16 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "int8-fl": ({"recipe": "int8", "first_last_float": True}, 3),
     "int8-bf16act": ({"recipe": "int8", "bf16_activations": True}, 3),
     "int8-dataflow-fl": ({"recipe": "int8", "dataflow": True, "first_last_float": True}, 3),
-    # fp32 with wageubn's momentum (WageubnSGD has no nesterov): how much of wageubn's gap is the optimizer
+    # fp32 with the paper's WAGEUBN momentum (no nesterov): how much of wageubn's gap is the optimizer
     "fp32-no-nesterov": ({"recipe": "fp32", "nesterov": False}, 2),
     "unified-int8": ({"recipe": "unified-int8"}, 2),
     "sbm": ({"recipe": "sbm"}, 2),
-    # WageubnSGD (the recipe's quantized update) has momentum but no nesterov variant.
+    # WageubnSGD (the recipe's quantized update) as the paper: momentum, no nesterov.
     "wageubn": ({"recipe": "wageubn", "nesterov": False}, 2),
     # both of its gradient quantizers (errors E, 8-bit weight gradients G) rounded stochastically, as WAGE does G
     "wageubn-gsr": ({"recipe": "wageubn", "nesterov": False, "grad_rounding": "stochastic"}, 2),
+    # and with nesterov momentum on its quantized g and m (inttrain's option, WageubnSGD(nesterov=True)), as fp32 here
+    "wageubn-gsr-nesterov": ({"recipe": "wageubn", "grad_rounding": "stochastic"}, 2),
     "dorefa-8": ({"recipe": "dorefa", "bits": 8}, 2),
     # layer inputs divided by their maximum before Eq. 11 instead of clipped to [0, 1] (DoReFaConfig.activation_range)
     "dorefa-8-max": ({"recipe": "dorefa", "bits": 8, "activation_range": "max"}, 2),
@@ -122,8 +127,8 @@ TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8-gsr": ("fp32", 0.2, None), "int8-dataflow-gsr": ("fp32", 0.2, None), "int8-fl": ("fp32", 0.2, None),
     "int8-bf16act": ("fp32", 0.2, None),
     "int8-dataflow-fl": ("fp32", 0.2, None),
-    **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "wageubn-gsr", "dorefa-8",
-                                               "dorefa-8-max")},
+    **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "wageubn-gsr", "wageubn-gsr-nesterov",
+                                        "dorefa-8", "dorefa-8-max")},
     "cpt-3-8": ("int8", 0.3, 0.6),
     **{v: ("fp32", 3.0, None) for v in ("integer-only", "integer-only-bngain", "integer-only-bngain-lr9")},
 }
@@ -726,7 +731,8 @@ def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st:
         f"torch {done[0].get('torch', '?') if done else '?'}; s/epoch: training steps only, mean over epochs "
         "(jobs ran side by side, one per core).",
         "Weight decay applies to every parameter (the trainer's SGD); wageubn trains with its own quantized SGD "
-        "(WageubnSGD: momentum, no nesterov; fp32-no-nesterov: fp32 with that update).",
+        "(WageubnSGD: momentum, no nesterov, as the paper; fp32-no-nesterov: fp32 with that update; "
+        "wageubn-gsr-nesterov: WageubnSGD(nesterov=True), inttrain's option, as the fp32 row).",
         *same_optimizer_lines(summary),
         "dorefa-8: k = 8 on every converted layer (9-bit GEMM codes, as exact int8 halves); first and last "
         "layer float (the paper's setting); its layer inputs clipped to [0, 1] (Eq. 11), dorefa-8-max: divided by "

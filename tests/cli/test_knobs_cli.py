@@ -88,8 +88,8 @@ def test_max_steps_ends_with_a_validation(tmp_path: Path, capsys: pytest.Capture
     (["--train-limit", "0"], "error: --train-limit: 0 must be > 0"),
     (["--optimizer", "adam", "--nesterov"], "error: --nesterov: nesterov applies to sgd only; optimizer 'adam' uses its "
                                             "betas (leave momentum at 0.9 and nesterov off, or use sgd)"),
-    (["--recipe", "wageubn", "--nesterov"], "error: --nesterov: recipe 'wageubn' trains with its quantized SGD "
-                                            "(WageubnSGD), which has no nesterov momentum: use --no-nesterov"),
+    (["--recipe", "wageubn", "--optimizer", "adam"], "error: --optimizer: 'adam': recipe 'wageubn' trains with "
+                                                     "its own quantized SGD; allowed: sgd"),
 ])
 def test_bad_knobs_are_one_error_line(args: list[str], expected: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:

@@ -65,11 +65,12 @@ def test_quantize_grads_hand_made_and_at_most_256_levels():
         assert _is_pow2(step) and torch.equal(levels / step, (levels / step).round())
 
 
-def test_wageubn_sgd_update_widths_match_the_definition():
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_wageubn_sgd_update_widths_match_the_definition(nesterov: bool):
     torch.manual_seed(0)
     w0 = torch.randn(8, 5)
     p = nn.Parameter(w0.clone())
-    opt = WageubnSGD([p], lr=0.1, momentum=0.9)
+    opt = WageubnSGD([p], lr=0.1, momentum=0.9, nesterov=nesterov)
     grads = [torch.randn(8, 5) * 0.1, torch.randn(8, 5) * 0.3]
     w, m = w0.clone(), None
     for g in grads:
@@ -78,7 +79,8 @@ def test_wageubn_sgd_update_widths_match_the_definition():
         gq = _q(g, 8)
         m = _q(gq if m is None else 0.9 * m + gq, 16)
         _, s_w = pow2_quantize(w, 24)
-        u = torch.round(0.1 * m / s_w).clamp(-(2**23 - 1), 2**23 - 1) * s_w
+        d = gq + 0.9 * m if nesterov else m  # nesterov: torch.optim.SGD's form on the quantized g and m
+        u = torch.round(0.1 * d / s_w).clamp(-(2**23 - 1), 2**23 - 1) * s_w
         w = _q(w - u, 24)
         assert torch.equal(p.grad, gq)  # the optimizer saw the 8-bit gradient
         assert len(torch.unique(p.grad)) <= 2**8

@@ -126,15 +126,15 @@ def test_optimizer_options_reach_the_optimizer(digits: DatasetSplits) -> None:
     assert (saved["momentum"], saved["weight_decay"], saved["nesterov"]) == (0.5, 1e-3, True)
 
 
-def test_wageubn_takes_momentum_and_decay_refuses_nesterov(digits: DatasetSplits) -> None:
+def test_wageubn_takes_momentum_decay_and_nesterov(digits: DatasetSplits) -> None:
     model = _model(digits)
     apply_recipe(model, "wageubn")
     opt, _ = build_recipe_optimizer(model, "wageubn", "sgd", 0.05, momentum=0.7, weight_decay=5e-4)
     assert isinstance(opt, WageubnSGD)
     assert (opt.param_groups[0]["momentum"], opt.param_groups[0]["weight_decay"]) == (0.7, 5e-4)
-    with pytest.raises(ValueError, match=r"^recipe 'wageubn' trains with its quantized SGD \(WageubnSGD\), which has "
-                                         r"no nesterov momentum: use --no-nesterov$"):
-        build_recipe_optimizer(model, "wageubn", "sgd", 0.05, nesterov=True)
+    assert opt.param_groups[0]["nesterov"] is False  # the paper's update by default
+    opt, _ = build_recipe_optimizer(model, "wageubn", "sgd", 0.05, nesterov=True)
+    assert isinstance(opt, WageubnSGD) and opt.param_groups[0]["nesterov"] is True
 
 
 def test_options_that_do_not_apply_are_refused(digits: DatasetSplits) -> None:

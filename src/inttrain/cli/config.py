@@ -64,7 +64,7 @@ class RunConfig:
     batch_size: int = opt(32, "Batch size.")
     lr: float = opt(0.05, "Learning rate.")
     optimizer: str = opt("sgd", "sgd, adam or adamw.")
-    # Optimizer and lr knobs (inttrain.trainer.train): momentum/nesterov are sgd's (and wageubn's, without nesterov).
+    # Optimizer and lr knobs (inttrain.trainer.train): momentum/nesterov are sgd's (and wageubn's).
     weight_decay: float = opt(0.0, "Weight decay (L2 for sgd/adam, decoupled for adamw).", default_text="0")
     momentum: float = opt(0.9, "SGD momentum (sgd and wageubn only).")
     nesterov: bool = opt(False, "Nesterov momentum (sgd only).")

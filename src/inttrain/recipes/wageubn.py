@@ -85,21 +85,23 @@ class WageubnSGD(torch.optim.Optimizer):
         g   = Q_{g_bits}(grad + weight_decay * W)     g_rounding            (8 bits)
         m   = Q_{m_bits}(momentum * m + g)            round to nearest      (16 bits)
         s_w = 2^ceil(log2(max|W| / (2^(w_bits-1) - 1)))                     (24-bit weight grid)
-        U   = s_w * clamp(round(lr * m / s_w), +-(2^(w_bits-1) - 1))        (24 bits, on W's grid)
+        U   = s_w * clamp(round(lr * d / s_w), +-(2^(w_bits-1) - 1))        (24 bits, on W's grid)
         W   = Q_{w_bits}(W - U)                                              (24 bits)
 
-    ``p.grad`` is overwritten by ``g`` (the 8-bit gradient).  The first step starts from ``m = 0``.
+    with ``d = m`` (the paper), or ``d = g + momentum * m`` with ``nesterov=True`` (inttrain's option, torch.optim.SGD's
+    nesterov form on the quantized ``g`` and ``m``; U stays on W's grid).  ``p.grad`` is overwritten by ``g`` (the
+    8-bit gradient).  The first step starts from ``m = 0``.
     """
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  g_bits: int = 8, m_bits: int = 16, w_bits: int = 24, seed: int = 0,
-                 g_rounding: Rounding = Rounding.NEAREST_EVEN):
+                 g_rounding: Rounding = Rounding.NEAREST_EVEN, nesterov: bool = False):
         for name, v in (("g_bits", g_bits), ("m_bits", m_bits), ("w_bits", w_bits)):
             if not isinstance(v, int) or not 2 <= v <= 24:
                 raise ValueError(f"WageubnSGD {name}={v!r}: allowed 2 to 24 (exact in float32)")
         if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
             raise ValueError(f"WageubnSGD: need lr > 0, 0 <= momentum < 1, weight_decay >= 0 (got {lr}, {momentum}, {weight_decay})")
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay)
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=bool(nesterov))
         super().__init__(params, defaults)
         self.g_bits, self.m_bits, self.w_bits, self.seed = g_bits, m_bits, w_bits, int(seed)
         self.g_stochastic = g_rounding is Rounding.STOCHASTIC
@@ -115,6 +117,7 @@ class WageubnSGD(torch.optim.Optimizer):
         index = 0
         for group in self.param_groups:
             lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+            nesterov = group.get("nesterov", False)  # checkpoints from before the option have none
             for p in group["params"]:
                 index += 1
                 if p.grad is None:
@@ -132,7 +135,8 @@ class WageubnSGD(torch.optim.Optimizer):
                 w = p.float()
                 wq = 2 ** (self.w_bits - 1) - 1
                 _, s_w = pow2_quantize(w, self.w_bits)
-                u = torch.round(lr * m / s_w).clamp(-wq, wq) * s_w
+                d = g + mu * m if nesterov else m
+                u = torch.round(lr * d / s_w).clamp(-wq, wq) * s_w
                 state["update"] = u
                 codes, scale = pow2_quantize(w - u, self.w_bits)
                 p.copy_((codes * scale).to(p.dtype))
@@ -204,16 +208,14 @@ class WageubnConfig(RecipeConfig):
 
     def optimizer_for(self, model: nn.Module, optimizer: str = "sgd", lr: float = 0.05, *, momentum: float = 0.9,
                       weight_decay: float = 0.0, nesterov: bool = False, lr_scaling: bool = True) -> WageubnSGD:
-        """WageubnSGD over ``model`` (momentum and weight decay apply; other optimizers and nesterov are refused)."""
+        """WageubnSGD over ``model`` (momentum, weight decay and nesterov apply; other optimizers are refused)."""
         if optimizer != "sgd":
             raise ValueError(f"recipe 'wageubn' trains with its quantized SGD (WageubnSGD); optimizer {optimizer!r} "
                              "is not allowed: use sgd")
-        if nesterov:
-            raise ValueError("recipe 'wageubn' trains with its quantized SGD (WageubnSGD), which has no nesterov "
-                             "momentum: use --no-nesterov")
-        return self.optimizer(model.parameters(), lr, momentum=momentum, weight_decay=weight_decay)
+        return self.optimizer(model.parameters(), lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
 
-    def optimizer(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0) -> WageubnSGD:
-        """A :class:`WageubnSGD` with this config's widths and seed."""
+    def optimizer(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+                  nesterov: bool = False) -> WageubnSGD:
+        """A :class:`WageubnSGD` with this config's widths and seed (``nesterov``: inttrain's option, not the paper's)."""
         return WageubnSGD(params, lr, momentum, weight_decay, self.g_bits, self.m_bits, self.w_bits,
-                          self.seed, self.g_rounding)
+                          self.seed, self.g_rounding, nesterov)
