@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from inttrain.kernels import conv as conv_kernels
+from inttrain.kernels import conv_wide
 from inttrain.kernels import int_kernel_calls, matmul, reset_kernel_calls
 from inttrain.kernels.conv_geometry import ConvGeometry
 
@@ -60,3 +61,34 @@ def test_conv_ops_match_eager_kernels_and_opcheck(geom):
     torch.library.opcheck(torch.ops.inttrain.conv2d_weight_grad, wargs)
     dw = torch.ops.inttrain.conv2d_weight_grad(*wargs)
     assert torch.equal(dw, conv_kernels.conv2d_weight_grad(gq, sgc, x, sx, tuple(w.shape), geom))
+
+
+@pytest.mark.parametrize("geom", GEOMS, ids=["stride1", "stride2"])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "halves"])
+def test_wide_conv_ops_match_eager_kernels_and_opcheck(geom, affine):
+    """9-bit codes (int16): DoReFa's affine ones (unsigned activations, odd weights and gradients) and arbitrary
+    ones (the int8 halves) behind the same three nodes."""
+    torch.manual_seed(1)
+    if affine:
+        x = _codes(2, 8, 9, 9, dtype=torch.int16, lo=0, hi=256)
+        w, make_g = 2 * _codes(6, 8, 3, 3, dtype=torch.int16) + 1, lambda shape: 2 * _codes(*shape, dtype=torch.int16) + 1
+    else:
+        x, w = _codes(2, 8, 9, 9, dtype=torch.int16, lo=-255, hi=256), _codes(6, 8, 3, 3, dtype=torch.int16, lo=-255, hi=256)
+        make_g = lambda shape: _codes(*shape, dtype=torch.int16, lo=-255, hi=256)  # noqa: E731
+    x = x.contiguous(memory_format=torch.channels_last)
+    sx, sw = torch.tensor([0.02]), torch.rand(6) / 50 + 0.01
+    geo = (list(geom.stride), list(geom.padding), list(geom.dilation), geom.groups)
+    torch.library.opcheck(torch.ops.inttrain.conv_wide_forward, (x, sx, w, sw, *geo))
+    y = torch.ops.inttrain.conv_wide_forward(x, sx, w, sw, *geo)
+    assert torch.equal(y, conv_wide.conv2d_forward(x, sx, w, sw, geom))
+    g = make_g(tuple(y.shape)).contiguous(memory_format=torch.channels_last)
+    sg, swi = torch.tensor([0.03]), torch.tensor([0.05])
+    dargs = (g, sg, w, swi, list(x.shape), *geo)
+    torch.library.opcheck(torch.ops.inttrain.conv_wide_input_grad, dargs)
+    assert torch.equal(torch.ops.inttrain.conv_wide_input_grad(*dargs),
+                       conv_wide.conv2d_input_grad(g, sg, w, swi, tuple(x.shape), geom))
+    sgc = torch.tensor([0.01])
+    wargs = (g, sgc, x, sx, list(w.shape), *geo)
+    torch.library.opcheck(torch.ops.inttrain.conv_wide_weight_grad, wargs)
+    assert torch.equal(torch.ops.inttrain.conv_wide_weight_grad(*wargs),
+                       conv_wide.conv2d_weight_grad(g, sgc, x, sx, tuple(w.shape), geom))

@@ -1,5 +1,6 @@
 """DoReFa-Net (Zhou et al. 2016): the quantizers equal the paper's equations; integer GEMMs are exact; digits."""
 
+import copy
 import warnings
 
 import pytest
@@ -213,3 +214,23 @@ def test_a_k8_convolution_runs_one_int8_kernel_call_per_gemm(activation_range: s
     layer(x).square().sum().backward()
     assert int_kernel_calls() == {"conv_fwd": 1, "conv_dgrad": 1, "conv_wgrad": 1}
     assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("activation_range", [pytest.param("clip", marks=pytest.mark.slow), "max"])  # ~40 s each
+def test_a_dorefa_cnn_compiles_to_one_graph_and_trains_as_eager(activation_range: str) -> None:
+    """fullgraph=True: no graph break (the Eq. 12 hook is a constant, the 9-bit convolutions are operator nodes);
+    the compiled step's loss and gradients equal eager's up to float rounding of the fused transforms."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, stride=2),
+                          nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 16, 10))
+    inttrain.prepare_(model, DoReFaConfig(activation_range=activation_range))
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(twin, fullgraph=True)
+    x, y = torch.rand(6, 3, 8, 8), torch.randint(0, 10, (6,))
+    for run in (model, compiled):
+        reset_kernel_calls()
+        F.cross_entropy(run(x), y).backward()
+        # the two middle convolutions (first and last layer float), one int8 call per GEMM either way
+        assert int_kernel_calls() == {"conv_fwd": 2, "conv_dgrad": 2, "conv_wgrad": 2}
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6)

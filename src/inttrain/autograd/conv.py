@@ -24,7 +24,6 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from ..kernels import conv_wide
 from ..kernels import ops as conv_kernels  # eager kernels, or graph nodes when compiling
 from ..kernels.conv import ConvGeometry
 from ..kernels.fused import channel_amax, matrix_scale, quantize_matrix
@@ -114,7 +113,7 @@ def _weight_grad(dyf: torch.Tensor, qx: torch.Tensor, sx: torch.Tensor, weight: 
     if not is_finite(sg):
         return None
     # int16 output gradients (lhs) the int8 path splits itself; wide activations need the wide one
-    wgrad = conv_wide.conv2d_weight_grad if gw.rhs.bits > 8 else conv_kernels.conv2d_weight_grad
+    wgrad = conv_kernels.conv_wide_weight_grad if gw.rhs.bits > 8 else conv_kernels.conv2d_weight_grad
     return wgrad(qg, sg, qx, sx, tuple(weight.shape), geom)
 
 
@@ -151,7 +150,7 @@ class _IntConv2dFn(torch.autograd.Function):
             qw, sw = _quantize_weight(weight, fwd.rhs, derive_seed(seeds[0], SeedPurpose.RHS_OPERAND), False, geom.groups)
             check_finite(sw, "conv2d weight")
             if _wide(fwd):
-                y = conv_wide.conv2d_forward(qx, sx, qw, sw, geom)
+                y = conv_kernels.conv_wide_forward(qx, sx, qw, sw, geom)
             else:  # under bf16 autocast the kernel rounds its output to bfloat16 itself (no float32 copy)
                 direct = bias is None and not emit_int8 and output_dtype(x) == torch.bfloat16
                 y = conv_kernels.conv2d_forward_u8(qx, sx, qw, sw, geom, torch.bfloat16 if direct else torch.float32)
@@ -203,7 +202,7 @@ class _IntConv2dFn(torch.autograd.Function):
                 if not is_finite(sg):  # amax propagates inf/NaN: this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
                 qw, sw = _quantize_weight(weight, gi.rhs, derive_seed(seeds[1], SeedPurpose.RHS_OPERAND), True, geom.groups)
-                conv_t = conv_wide.conv2d_input_grad if _wide(gi) else conv_kernels.conv2d_input_grad_u8
+                conv_t = conv_kernels.conv_wide_input_grad if _wide(gi) else conv_kernels.conv2d_input_grad_u8
                 dx = conv_t(qg, sg, qw, sw, tuple(ctx.x_shape), geom)
             else:
                 dx = torch.nn.grad.conv2d_input(ctx.x_shape, weight.float(), dyf.float(), geom.stride, geom.padding,

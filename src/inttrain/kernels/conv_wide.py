@@ -33,9 +33,9 @@ same for every image, the second for every output channel; both as small as one 
 input- and weight-gradient convolutions decompose the same way.  :func:`affine_codes` recognises such codes (two
 reductions over the operand); other wide codes take the int8 halves.
 
-Falls back to :mod:`.conv_generic` (any device, any code) off the CPU, inside ``torch.compile`` (the kernels
-run through ``ctypes``, which a graph cannot trace), for grouped convolutions whose reduction needs chunking,
-and for the few 16-bit codes above 32639.
+A compiled graph calls these functions as the ``inttrain::conv_wide_*`` operators (:mod:`.ops`: the kernels run
+through ``ctypes``, which a graph cannot trace).  Falls back to :mod:`.conv_generic` (any device, any code) off the
+CPU, for grouped convolutions whose reduction needs chunking, and for the few 16-bit codes above 32639.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 read a scale with ``.item()``, launch counters) and should not: each kernel is one opaque node
 ``inttrain::<name>`` with a fake (meta) implementation giving its output's shape, dtype and strides, so
 Inductor sees one graph and fuses the elementwise work (quantize, dequantize, bias, ReLU) around the nodes.
-The real implementations are the eager kernels of :mod:`.matmul` and :mod:`.conv`: they run, and count
+The real implementations are the eager kernels of :mod:`.matmul`, :mod:`.conv` and :mod:`.conv_wide`: they run, and count
 themselves in :func:`inttrain.kernels.int_kernel_calls`, every time the compiled graph executes.
 
 Eager code calls the kernels directly (it can reuse scratch buffers, which an operator returning a fresh
@@ -18,14 +18,15 @@ from torch import Tensor
 
 from ..spec import PerChannel, QuantSpec, Rounding, ScaleKind
 from . import conv as conv_kernels
-from . import native
+from . import conv_wide, native
 from ..oplib import operator
 from .conv_geometry import ConvGeometry
 from .counters import count
 from .matmul import INT8_SAFE_K, int8_mm
 
 __all__ = ["int8_mm_op", "conv2d_forward_u8", "conv2d_input_grad_u8", "conv2d_weight_grad",
-           "rows_cols_native", "quantize_rows_cols"]
+           "conv_wide_forward", "conv_wide_input_grad", "conv_wide_weight_grad", "rows_cols_native",
+           "quantize_rows_cols"]
 
 _CL = torch.channels_last
 
@@ -182,6 +183,73 @@ def conv2d_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor,
     if not torch.compiler.is_compiling():
         return conv_kernels.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
     return torch.ops.inttrain.conv2d_weight_grad(gq, g_scale, xq, x_scale, _shape(weight_shape), *_geom_args(geom))
+
+
+# Wide codes (9..16 bits, int16): kernels.conv_wide, whose data-dependent choices (affine codes or int8 halves,
+# chunks) and ctypes kernels stay behind one node each.
+
+def _wide_dgrad_fake(gq, g_scale, wq, w_scale, input_shape, stride, padding, dilation, groups):
+    return gq.new_empty(tuple(input_shape), dtype=torch.float32).contiguous(memory_format=_CL)
+
+
+@operator(
+    "conv_wide_forward(Tensor xq, Tensor x_scale, Tensor wq, Tensor w_scale, int[] stride, int[] padding, "
+    "int[] dilation, int groups) -> Tensor",
+    lambda xq, x_scale, wq, w_scale, stride, padding, dilation, groups: _conv_fwd_fake(
+        xq, x_scale, wq, w_scale, stride, padding, dilation, groups),
+)
+def _conv_wide_fwd(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, stride: list[int], padding: list[int],
+                   dilation: list[int], groups: int) -> Tensor:
+    y = conv_wide.conv2d_forward(xq, x_scale, wq, w_scale, _geom(stride, padding, dilation, groups))
+    return y.contiguous(memory_format=_CL)
+
+
+@operator(
+    "conv_wide_input_grad(Tensor gq, Tensor g_scale, Tensor wq, Tensor w_scale, int[] input_shape, int[] stride, "
+    "int[] padding, int[] dilation, int groups) -> Tensor",
+    _wide_dgrad_fake,
+)
+def _conv_wide_dgrad(gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: list[int],
+                     stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
+    dx = conv_wide.conv2d_input_grad(gq, g_scale, wq, w_scale, tuple(input_shape),
+                                     _geom(stride, padding, dilation, groups))
+    return dx.contiguous(memory_format=_CL)
+
+
+@operator(
+    "conv_wide_weight_grad(Tensor gq, Tensor g_scale, Tensor xq, Tensor x_scale, int[] weight_shape, int[] stride, "
+    "int[] padding, int[] dilation, int groups) -> Tensor",
+    _conv_wgrad_fake,
+)
+def _conv_wide_wgrad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: list[int],
+                     stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
+    dw = conv_wide.conv2d_weight_grad(gq, g_scale, xq, x_scale, tuple(weight_shape),
+                                      _geom(stride, padding, dilation, groups))
+    return dw.contiguous()
+
+
+def conv_wide_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry) -> Tensor:
+    """:func:`inttrain.kernels.conv_wide.conv2d_forward`; one graph node when compiling (float32, channels-last)."""
+    if not torch.compiler.is_compiling():
+        return conv_wide.conv2d_forward(xq, x_scale, wq, w_scale, geom)
+    return torch.ops.inttrain.conv_wide_forward(xq, x_scale, wq, w_scale, *_geom_args(geom))
+
+
+def conv_wide_input_grad(gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple,
+                         geom: ConvGeometry) -> Tensor:
+    """:func:`inttrain.kernels.conv_wide.conv2d_input_grad`; one graph node when compiling."""
+    if not torch.compiler.is_compiling():
+        return conv_wide.conv2d_input_grad(gq, g_scale, wq, w_scale, input_shape, geom)
+    return torch.ops.inttrain.conv_wide_input_grad(gq, g_scale, wq, w_scale, _shape(input_shape), *_geom_args(geom))
+
+
+def conv_wide_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: tuple,
+                          geom: ConvGeometry) -> Tensor:
+    """:func:`inttrain.kernels.conv_wide.conv2d_weight_grad`; one graph node when compiling."""
+    if not torch.compiler.is_compiling():
+        return conv_wide.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
+    return torch.ops.inttrain.conv_wide_weight_grad(gq, g_scale, xq, x_scale, _shape(weight_shape),
+                                                    *_geom_args(geom))
 
 
 def _conv_wgrad_float_fake(dy, g_scale, seed, xq, x_scale, weight_shape, stride, padding, dilation, groups, qmax, stochastic):
