@@ -204,52 +204,51 @@ def _conv_wide_fwd(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, str
     return y.contiguous(memory_format=_CL)
 
 
-@operator(
-    "conv_wide_input_grad(Tensor gq, Tensor g_scale, Tensor wq, Tensor w_scale, int[] input_shape, int[] stride, "
-    "int[] padding, int[] dilation, int groups) -> Tensor",
-    _wide_dgrad_fake,
-)
-def _conv_wide_dgrad(gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: list[int],
-                     stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
-    dx = conv_wide.conv2d_input_grad(gq, g_scale, wq, w_scale, tuple(input_shape),
-                                     _geom(stride, padding, dilation, groups))
-    return dx.contiguous(memory_format=_CL)
+def _wide_grad_operator(name: str, operands: tuple[str, str], shape_name: str, kernel, fake, layout) -> None:
+    """Register conv_wide's gradient ``kernel(a, a_scale, b, b_scale, shape, geom)`` as ``inttrain::name``."""
+    a, b = operands
+    schema = (f"{name}(Tensor {a}, Tensor {a}_scale, Tensor {b}, Tensor {b}_scale, int[] {shape_name}, "
+              "int[] stride, int[] padding, int[] dilation, int groups) -> Tensor")
+
+    @operator(schema, fake)
+    def run(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, shape: list[int], stride: list[int],
+            padding: list[int], dilation: list[int], groups: int) -> Tensor:
+        out = kernel(a, a_scale, b, b_scale, tuple(shape), _geom(stride, padding, dilation, groups))
+        return out.contiguous(memory_format=layout)
 
 
-@operator(
-    "conv_wide_weight_grad(Tensor gq, Tensor g_scale, Tensor xq, Tensor x_scale, int[] weight_shape, int[] stride, "
-    "int[] padding, int[] dilation, int groups) -> Tensor",
-    _conv_wgrad_fake,
-)
-def _conv_wide_wgrad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: list[int],
-                     stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
-    dw = conv_wide.conv2d_weight_grad(gq, g_scale, xq, x_scale, tuple(weight_shape),
-                                      _geom(stride, padding, dilation, groups))
-    return dw.contiguous()
+_wide_grad_operator("conv_wide_input_grad", ("gq", "wq"), "input_shape", conv_wide.conv2d_input_grad,
+                    _wide_dgrad_fake, _CL)
+_wide_grad_operator("conv_wide_weight_grad", ("gq", "xq"), "weight_shape", conv_wide.conv2d_weight_grad,
+                    _conv_wgrad_fake, torch.contiguous_format)
+
+
+def _wide_call(eager, node, operands: tuple, shape: tuple | None, geom: ConvGeometry) -> Tensor:
+    """``eager(*operands, [shape,] geom)`` in eager code, the operator ``node`` when compiling."""
+    extra = () if shape is None else (shape,)
+    if not torch.compiler.is_compiling():
+        return eager(*operands, *extra, geom)
+    return node(*operands, *(_shape(v) for v in extra), *_geom_args(geom))
 
 
 def conv_wide_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, geom: ConvGeometry) -> Tensor:
     """:func:`inttrain.kernels.conv_wide.conv2d_forward`; one graph node when compiling (float32, channels-last)."""
-    if not torch.compiler.is_compiling():
-        return conv_wide.conv2d_forward(xq, x_scale, wq, w_scale, geom)
-    return torch.ops.inttrain.conv_wide_forward(xq, x_scale, wq, w_scale, *_geom_args(geom))
+    return _wide_call(conv_wide.conv2d_forward, torch.ops.inttrain.conv_wide_forward, (xq, x_scale, wq, w_scale),
+                      None, geom)
 
 
 def conv_wide_input_grad(gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple,
                          geom: ConvGeometry) -> Tensor:
     """:func:`inttrain.kernels.conv_wide.conv2d_input_grad`; one graph node when compiling."""
-    if not torch.compiler.is_compiling():
-        return conv_wide.conv2d_input_grad(gq, g_scale, wq, w_scale, input_shape, geom)
-    return torch.ops.inttrain.conv_wide_input_grad(gq, g_scale, wq, w_scale, _shape(input_shape), *_geom_args(geom))
+    return _wide_call(conv_wide.conv2d_input_grad, torch.ops.inttrain.conv_wide_input_grad,
+                      (gq, g_scale, wq, w_scale), input_shape, geom)
 
 
 def conv_wide_weight_grad(gq: Tensor, g_scale: Tensor, xq: Tensor, x_scale: Tensor, weight_shape: tuple,
                           geom: ConvGeometry) -> Tensor:
     """:func:`inttrain.kernels.conv_wide.conv2d_weight_grad`; one graph node when compiling."""
-    if not torch.compiler.is_compiling():
-        return conv_wide.conv2d_weight_grad(gq, g_scale, xq, x_scale, weight_shape, geom)
-    return torch.ops.inttrain.conv_wide_weight_grad(gq, g_scale, xq, x_scale, _shape(weight_shape),
-                                                    *_geom_args(geom))
+    return _wide_call(conv_wide.conv2d_weight_grad, torch.ops.inttrain.conv_wide_weight_grad,
+                      (gq, g_scale, xq, x_scale), weight_shape, geom)
 
 
 def _conv_wgrad_float_fake(dy, g_scale, seed, xq, x_scale, weight_shape, stride, padding, dilation, groups, qmax, stochastic):
