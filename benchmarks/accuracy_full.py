@@ -736,7 +736,8 @@ def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st:
         *same_optimizer_lines(summary),
         "dorefa-8: k = 8 on every converted layer (9-bit GEMM codes, as exact int8 halves); first and last "
         "layer float (the paper's setting); its layer inputs clipped to [0, 1] (Eq. 11), dorefa-8-max: divided by "
-        "their per-tensor maximum instead (--activation-range max). cpt-3-8: int8 recipe, CPT forward bits 3..8 over 32 cycles for the "
+        "their per-tensor maximum instead (--activation-range max); dorefa rows before 777eb97 trained eagerly, "
+        "later ones compiled (the same integer kernels). cpt-3-8: int8 recipe, CPT forward bits 3..8 over 32 cycles for the "
         "weights and activations in all three GEMMs (since cca24bf; earlier rows: superseded_cpt_backward8.jsonl), "
         "gradients 8 bits.",
         "integer-only: inttrain.micro's own integer weight update (none of the float optimizer's settings above "
