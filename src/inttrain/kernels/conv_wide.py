@@ -95,7 +95,19 @@ class AffineCodes:
     def _convert(self, shifted: bool) -> Tensor:
         if self.q.dtype == torch.int8:
             return conv.to_shifted_u8(self.q) if shifted else self.q
-        return run_fused(_affine_j_impl, {"q": self.q}, {"mul": self.mul, "add": self.add, "shifted": shifted})
+        flat, restore = _flat(self.q)
+        return restore(run_fused(_affine_j_impl, {"q": flat}, {"mul": self.mul, "add": self.add, "shifted": shifted}))
+
+
+def _flat(q: Tensor):
+    """``q`` as a 1-D view in memory order and the function that views a result of that length back in ``q``'s
+    shape and layout.  The fused passes see 1-D tensors only: with 4-D ones every layer's strides were new
+    guards, and a compiled training step hit Dynamo's recompile limit of 8."""
+    if q.dim() == 4 and not q.is_contiguous() and q.is_contiguous(memory_format=torch.channels_last):
+        n, c, h, w = q.shape
+        return q.permute(0, 2, 3, 1).reshape(-1), lambda t: t.view(n, h, w, c).permute(0, 3, 1, 2)
+    q = q.contiguous()
+    return q.view(-1), lambda t: t.view(q.shape)
 
 
 def _affine_j_impl(q: Tensor, mul: int, add: int, shifted: bool) -> Tensor:
@@ -118,7 +130,7 @@ def affine_codes(q: Tensor) -> AffineCodes | None:
         return AffineCodes(q, 1, 0)
     if q.dtype != torch.int16 or q.numel() == 0:
         return None
-    low, high, lowest_bit = run_fused(_code_stats_impl, {"q": q}, {}).tolist()
+    low, high, lowest_bit = run_fused(_code_stats_impl, {"q": _flat(q)[0]}, {}).tolist()
     if low >= 0 and high <= 255:
         return AffineCodes(q, 1, 128)
     if low >= -255 and high <= 255 and lowest_bit == 1:  # every code odd
