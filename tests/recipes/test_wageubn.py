@@ -141,3 +141,21 @@ def test_grad_rounding_sets_both_gradient_quantizers() -> None:
     opt = cfg.optimizer(nn.Linear(4, 4).parameters(), 0.1)
     assert opt.g_stochastic
     assert not WageubnConfig().optimizer(nn.Linear(4, 4).parameters(), 0.1).g_stochastic
+
+
+def test_weight_grad_rounding_sets_the_dw_gemm_and_g_only() -> None:
+    """``--weight-grad-rounding stochastic`` for wageubn: E in the dW GEMM and G stochastic, E in the dx GEMM kept
+    (nearest by default), the int8 recipe's split."""
+    from inttrain.cli.run import recipe_config_for
+    from inttrain.spec import Rounding
+
+    cfg = recipe_config_for("wageubn", None, weight_grad_rounding="stochastic")
+    prec = cfg.precision_for(nn.Conv2d(2, 2, 3), "conv")
+    assert prec.grad_input.lhs.rounding is Rounding.NEAREST_EVEN
+    assert prec.grad_weight.lhs.rounding is Rounding.STOCHASTIC
+    assert prec.forward.lhs.rounding is prec.forward.rhs.rounding is Rounding.NEAREST_EVEN
+    assert cfg.optimizer(nn.Linear(4, 4).parameters(), 0.1).g_stochastic
+    both = recipe_config_for("wageubn", None, weight_grad_rounding="nearest", grad_rounding="stochastic")
+    prec = both.precision_for(nn.Linear(4, 4), "fc")
+    assert (prec.grad_input.lhs.rounding, prec.grad_weight.lhs.rounding) == (Rounding.STOCHASTIC, Rounding.NEAREST_EVEN)
+    assert not both.optimizer(nn.Linear(4, 4).parameters(), 0.1).g_stochastic

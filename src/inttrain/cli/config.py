@@ -44,7 +44,7 @@ class RunConfig:
                                flags=("--data-dir", "--data-path"))
     recipe: str = opt("fp32", "fp32, bf16, or an inttrain recipe such as int8.")
     bits: int | None = opt(None, "Override the integer recipe's bit width.")
-    weight_grad_rounding: str | None = opt(None, "int8: rounding of the output gradient in the weight-gradient GEMM "
+    weight_grad_rounding: str | None = opt(None, "int8, wageubn: rounding of the output gradient in the weight-gradient GEMM "
                                                  "only: nearest or stochastic (default: the recipe's, stochastic for int8).",
                                            default_text="recipe's")
     grad_rounding: str | None = opt(None, "Rounding of the output gradient in the input-gradient GEMM (and in the "
