@@ -36,7 +36,8 @@ its weight-gradient GEMM rounded stochastically by default: nearest rounding in 
 (the first and last layer in float32), ``int8-bf16act`` (the int8 recipe with bfloat16 activations between layers:
 its forward under bf16 autocast), ``unified-int8``,
 ``sbm``, ``wageubn``, ``wageubn-gsr`` (stochastic gradient rounding), ``wageubn-gsr-nesterov`` (and nesterov),
-``fp32-no-nesterov`` (fp32 with WageubnSGD's momentum), ``dorefa-8`` (k = 8 on every converted layer: a k-bit DoReFa
+``wageubn-split-nesterov`` (errors rounded to nearest in the dx GEMM, stochastically in the dW GEMM and G),
+``fp32-no-nesterov`` (fp32 with WageubnSGD's momentum), ``fp32-no-wd`` (fp32 without weight decay, as micro's update), ``dorefa-8`` (k = 8 on every converted layer: a k-bit DoReFa
 value is a 9-bit GEMM code, which a convolution takes as one int8 convolution plus exact corrections),
 ``dorefa-8-max`` (its inputs divided by their maximum, not clipped), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
 cycles, gradients 8 bits) and ``integer-only`` (its own engine: the seeded float model converted by
@@ -98,6 +99,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "int8-dataflow-fl": ({"recipe": "int8", "dataflow": True, "first_last_float": True}, 3),
     # fp32 with the paper's WAGEUBN momentum (no nesterov): how much of wageubn's gap is the optimizer
     "fp32-no-nesterov": ({"recipe": "fp32", "nesterov": False}, 2),
+    # fp32 without weight decay: how much of integer-only's gap is its update having none (micro's norm rule)
+    "fp32-no-wd": ({"recipe": "fp32", "weight_decay": 0.0}, 2),
     "unified-int8": ({"recipe": "unified-int8"}, 2),
     "sbm": ({"recipe": "sbm"}, 2),
     # WageubnSGD (the recipe's quantized update) as the paper: momentum, no nesterov.
