@@ -112,8 +112,9 @@ def test_cnn_int8_weights_with_momentum_lockstep(digits):
     (MLP, {"lr_mode": "norm", "lr_bits": 14, "adapt_exp": True}),
     (CNN2, {"lr_mode": "norm", "lr_bits": 12, "adapt_exp": True, "momentum_shift": 2, "decay_shift": 6}),
     ({**MLP, "weight_bits": 8}, {"lr_mode": "norm", "lr_bits": 5, "adapt_exp": True, "momentum_shift": 1}),
-    (MLP, {"lr_mode": "shift", "lr_shift": 2, "adapt_exp": True})], ids=["mlp-norm", "cnn-norm-mom-decay",
-                                                                          "mlp-int8-norm", "mlp-shift-adapt"])
+    (MLP, {"lr_mode": "shift", "lr_shift": 2, "adapt_exp": True}),
+    (CNN2, {"lr_mode": "norm", "lr_bits": 14, "adapt_exp": True, "l2_shift": 2})],
+    ids=["mlp-norm", "cnn-norm-mom-decay", "mlp-int8-norm", "mlp-shift-adapt", "cnn-norm-l2"])
 def test_norm_rule_schedule_and_exponent_adaptation_lockstep(digits, desc, kw):
     """The CLI's default update (norm rule, cosine multiplier with warm-up, adapted exponents) and its options:
     bit-exact in both engines, exponents included; the large steps make the exponents move."""

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from inttrain.micro.layers import Param
 from inttrain.micro.loss import EXP2_LUT, EXP2_LUT_SUM, LOG2E_Q8, exp2_q15, softmax_cross_entropy_grad, softmax_q7
@@ -140,3 +141,29 @@ def test_decay_shrinks_toward_zero():
     p.grad, p.grad_exp = np.zeros(3, dtype=np.int32), 0
     S([p], lr_mode="shift", lr_shift=0, rounding="rne", decay_shift=4).step()
     assert p.acc.tolist() == [960, -960, 3]                            # 1024 / 16 = 64; 3 / 16 rounds to 0
+
+
+def test_l2_shift_adds_lambda_w_to_the_gradient_in_its_units():
+    """--l2-shift L: the step rule sees grad + 2**-L * W written at the gradient's exponent (a left shift when the
+    gradient's units are finer than W's, an rne right shift when coarser), so the decay follows the lr."""
+    from inttrain.micro.optim import SGD as S
+
+    # W at exponent -10, gradient at -14 (16x finer), L = 2: W * 2**-2 in units of 2**-14 is W * 4
+    p = Param(np.array([1000, -1000, 0, 7]), -10, 16)
+    p.grad, p.grad_exp = np.array([0, 0, 40, 0], dtype=np.int32), -14
+    opt = S([p], lr_mode="shift", lr_shift=0, rounding="rne", l2_shift=2)
+    assert opt.gradient(p).tolist() == [4000, -4000, 40, 28]
+    opt.step()                                    # lr 1: U = g * 2**(-14 + 10) = g / 16 (rne)
+    assert p.acc.tolist() == [750, -750, -2, 5]  # 1000 - 250, 0 - round(2.5) = -2, 7 - round(1.75) = 5
+    # coarser gradient units (exponent -6, 16x coarser than W's): W * 2**-2 / 16 = W / 64, rne
+    q = Param(np.array([1000, 31, 32, 96]), -10, 16)
+    q.grad, q.grad_exp = np.zeros(4, dtype=np.int32), -6
+    assert S([q], lr_mode="shift", lr_shift=0, rounding="rne", l2_shift=2).gradient(q).tolist() == [16, 0, 0, 2]
+    # off: the gradient is the gradient, and the norm rule normalises grad + lambda W
+    r = Param(np.array([1000, -1000]), -10, 16)
+    r.grad, r.grad_exp = np.array([3, 0], dtype=np.int32), -14
+    assert S([r], lr_mode="norm", lr_bits=4).gradient(r) is r.grad
+    n = S([r], lr_mode="norm", lr_bits=4, l2_shift=2)
+    assert n.gradient(r).tolist() == [4003, -4000] and n.step_shift(r, n.gradient(r)) == 12 - 4
+    with pytest.raises(ValueError, match="l2_shift"):
+        S([r], l2_shift=31)

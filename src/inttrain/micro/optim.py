@@ -18,6 +18,11 @@ A schedule multiplier ``multiplier`` (Q8: 256 = 1.0, set each step by :class:`Sc
 U = shift(grad * m, s + 8) when m != 256 (m == 256 is exactly the unscheduled shift(grad, s)).
 Optional momentum with beta = 1 - 2**-momentum_shift keeps an int32 buffer v in the same codes:
 v <- v - rne_shift(v, momentum_shift) + U; the step is then v. Optional decay: W <- W - rne_shift(W, decay_shift).
+Optional L2 weight decay ``l2_shift`` (lambda = 2**-l2_shift on the summed-batch loss, torch SGD's ``weight_decay``
+times the batch size): the step's gradient is grad + lambda * W, W written in the gradient's units (an exact left
+shift, or an rne right shift) before the step rule sees it, so the decay follows the schedule and the step rounding
+as fp32's does.  ``decay_shift`` cannot stand in for it: fp32's ~5e-5 per step is D = 14, and rne(W / 2**14) is 0 for
+every int16 code below 8192.
 ``adapt_exp``: after the step, a tensor whose largest |code| reached 2**(bits-2) (half its range) is
 halved (rne) and its exponent raised by one (the momentum buffer likewise), so master weights keep
 headroom and never sit at the saturation limit; the value is unchanged up to the halved rounding.
@@ -35,6 +40,8 @@ from .ops import INT32_MAX, NumpyOps, absmax, qmax, shift_round_fast
 LR_MODES = ("shift", "norm")
 SCHEDULES = ("const", "step", "cosine")
 ONE_Q8 = 256
+#: |grad + lambda * W| saturates here (l2_shift): times the Q8 multiplier it stays inside int64.
+L2_LIMIT = (1 << 46) - 1
 # 0.5 * (1 + cos(pi * i / 256)) in Q8, i = 0..256: the cosine schedule's multipliers (integers, so both
 # engines and any board use the same table; sum stated in the docs as a checksum)
 COS_Q8 = tuple(int(math.floor(128 * (1 + math.cos(math.pi * i / 256)) + 0.5)) for i in range(257))
@@ -85,7 +92,7 @@ class SGDCore:
 
     def __init__(self, params: list, lr_shift: int = 6, momentum_shift: int | None = None,
                  rounding: str = "pstoch", *, lr_mode: str = "shift", lr_bits: int = 4, adapt_exp: bool = False,
-                 decay_shift: int | None = None, bn_lr_bits: int | None = None):
+                 decay_shift: int | None = None, bn_lr_bits: int | None = None, l2_shift: int | None = None):
         if lr_mode not in LR_MODES:
             raise ValueError(f"unknown lr_mode {lr_mode!r}; allowed: {', '.join(LR_MODES)}")
         if not 0 <= int(lr_shift) <= 62:
@@ -98,6 +105,9 @@ class SGDCore:
             raise ValueError("momentum_shift must be in [1, 16]")
         if decay_shift is not None and not 1 <= int(decay_shift) <= 30:
             raise ValueError("decay_shift must be in [1, 30]")
+        if l2_shift is not None and not 0 <= int(l2_shift) <= 30:
+            raise ValueError("l2_shift must be in [0, 30]")
+        self.l2_shift = None if l2_shift is None else int(l2_shift)
         self.params, self.lr_shift, self.momentum_shift, self.rounding = params, int(lr_shift), momentum_shift, rounding
         self.lr_mode, self.lr_bits, self.adapt_exp, self.decay_shift = lr_mode, int(lr_bits), bool(adapt_exp), decay_shift
         self.bn_lr_bits = None if bn_lr_bits is None else int(bn_lr_bits)
@@ -107,24 +117,36 @@ class SGDCore:
         """The optimizer's settings (recorded in saved models and checkpoints)."""
         return {"lr_mode": self.lr_mode, "lr_shift": self.lr_shift, "lr_bits": self.lr_bits,
                 "momentum_shift": self.momentum_shift, "rounding": self.rounding, "adapt_exp": self.adapt_exp,
-                "decay_shift": self.decay_shift, "bn_lr_bits": self.bn_lr_bits}
+                "decay_shift": self.decay_shift, "bn_lr_bits": self.bn_lr_bits, "l2_shift": self.l2_shift}
 
-    def step_shift(self, p) -> int | None:
-        """s of the step U = grad * 2**-s in codes of p.acc (None: an all-zero gradient in ``norm`` mode)."""
+    def gradient(self, p):
+        """The gradient the step rule sees, at exponent p.grad_exp: p.grad, plus W * 2**-l2_shift in those units
+        when ``l2_shift`` is set (saturated to +-L2_LIMIT)."""
+        if self.l2_shift is None:
+            return p.grad
+        ops = self.OPS
+        k = p.grad_exp - p.exp + self.l2_shift        # W * 2**(exp - l2_shift) = (W * 2**-k) * 2**grad_exp
+        decay = ops.shift(ops.wide(p.acc), k, "rne", L2_LIMIT)
+        return ops.clip(ops.wide(p.grad) + decay, -L2_LIMIT, L2_LIMIT)
+
+    def step_shift(self, p, g=None) -> int | None:
+        """s of the step U = g * 2**-s in codes of p.acc, g the step's gradient (default: p.grad; None: an
+        all-zero gradient in ``norm`` mode)."""
         if self.lr_mode == "shift":
             return p.exp + self.lr_shift - p.grad_exp
-        top = self.OPS.absmax(p.grad).bit_length()
+        top = self.OPS.absmax(p.grad if g is None else g).bit_length()
         bits = self.bn_lr_bits if self.bn_lr_bits is not None and p.role == "norm" else self.lr_bits
         return None if top == 0 else top - bits + p.exp - p.exp0
 
     def update_codes(self, p):
         """The (signed) step in codes of p.acc before momentum."""
-        ops, s = self.OPS, self.step_shift(p)
+        ops, g = self.OPS, self.gradient(p)
+        s = self.step_shift(p, g)
         if s is None:
             return ops.zeros(p.grad, 64)
         if self.multiplier == ONE_Q8:
-            return ops.shift(p.grad, s, self.rounding, INT32_MAX)
-        return ops.shift(ops.wide(p.grad) * self.multiplier, s + 8, self.rounding, INT32_MAX)
+            return ops.shift(g, s, self.rounding, INT32_MAX)
+        return ops.shift(ops.wide(g) * self.multiplier, s + 8, self.rounding, INT32_MAX)
 
     def step_param(self, p) -> None:
         """Momentum, decay, the saturating update and the exponent adaptation of one parameter."""
@@ -169,7 +191,7 @@ class SGD(SGDCore):
         |U| <= 2**30 + 1 and W - U cannot overflow int32) and, for rne, no overflow of G + 2**(s-1). None: use
         the int64 path."""
         if (self.lr_mode != "shift" or self.multiplier != ONE_Q8 or self.momentum_shift is not None
-                or self.adapt_exp or self.decay_shift is not None):
+                or self.adapt_exp or self.decay_shift is not None or self.l2_shift is not None):
             return None
         s = p.exp + self.lr_shift - p.grad_exp
         g = p.grad

@@ -24,7 +24,7 @@ from .optim import SGD, Schedule, default_bn_lr_bits, saturation
 
 _RANGES = {"epochs": (0, 1 << 20), "batch_size": (1, 1 << 24), "lr_bits": (0, 14), "bn_lr_bits": (0, 14),
            "lr_shift": (0, 62),
-           "momentum_shift": (1, 16), "decay_shift": (1, 30), "step_every": (1, 1 << 20), "seed": (0, 2**32 - 1)}
+           "momentum_shift": (1, 16), "decay_shift": (1, 30), "l2_shift": (0, 30), "step_every": (1, 1 << 20), "seed": (0, 2**32 - 1)}
 
 
 def _fingerprint(x: np.ndarray, y: np.ndarray) -> int:
@@ -168,7 +168,8 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib, signals: lis
     x, x_exp, y, val, augment = _checked_data(model, state, bool(args.resume))
     opt = SGD(model.params(), s["lr_shift"], s["momentum_shift"], model.desc["rounding"]["update"],
               lr_mode=s["lr_mode"], lr_bits=s["lr_bits"], adapt_exp=s["adapt_exp"], decay_shift=s["decay_shift"],
-              bn_lr_bits=s.get("bn_lr_bits"))                 # runs saved before --bn-lr-bits: lr_bits for all
+              bn_lr_bits=s.get("bn_lr_bits"),                 # runs saved before --bn-lr-bits: lr_bits for all
+              l2_shift=s.get("l2_shift"))                     # and before --l2-shift: none
     spe = -(-len(x) // s["batch_size"])                      # steps per epoch
     epochs = s["epochs"]
     sched = Schedule(s["schedule"], max(1, epochs * spe), int(round(s["warmup_epochs"] * spe)), s["step_every"] * spe)
