@@ -181,6 +181,8 @@ def test_limits_are_refused_before_training(files, tmp_path, capsys):
     assert _one_error(capsys) == "error: --lr-bits 15: allowed: 0..14"
     assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--bn-lr-bits", "-1", "--out", out]) == 2
     assert _one_error(capsys) == "error: --bn-lr-bits -1: allowed: 0..14"
+    assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--l2-shift", "31", "--out", out]) == 2
+    assert _one_error(capsys) == "error: --l2-shift 31: allowed: 0..30"
     assert main(["train", "--resume", str(tmp_path)]) == 2
     assert "no checkpoint.json there" in _one_error(capsys)
     assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--epochs", "1", "--out", out]) == 0
