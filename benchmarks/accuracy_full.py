@@ -37,6 +37,7 @@ its weight-gradient GEMM rounded stochastically by default: nearest rounding in 
 its forward under bf16 autocast), ``unified-int8``,
 ``sbm``, ``wageubn``, ``wageubn-gsr`` (stochastic gradient rounding), ``wageubn-gsr-nesterov`` (and nesterov),
 ``wageubn-split-nesterov`` (errors rounded to nearest in the dx GEMM, stochastically in the dW GEMM and G),
+``wageubn-gsr-nesterov-bn16`` / ``-g16`` (its batch norm / its weight gradient G at 16 bits: ablations),
 ``fp32-no-nesterov`` (fp32 with WageubnSGD's momentum), ``fp32-no-wd`` (fp32 without weight decay, as micro's update), ``dorefa-8`` (k = 8 on every converted layer: a k-bit DoReFa
 value is a 9-bit GEMM code, which a convolution takes as one int8 convolution plus exact corrections),
 ``dorefa-8-max`` (its inputs divided by their maximum, not clipped), ``cpt-3-8`` (int8 recipe under the CPT schedule: forward 3..8 bits, 32
@@ -113,6 +114,10 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     # E rounded to nearest in the dx GEMM and stochastically in the dW GEMM, G stochastic (the int8 recipe's split;
     # the probe's better SQNR of each GEMM), nesterov as the fp32 row
     "wageubn-split-nesterov": ({"recipe": "wageubn", "weight_grad_rounding": "stochastic"}, 2),
+    # ablations of wageubn-gsr-nesterov, one quantizer widened to 16 bits: which of the paper's 8-bit quantizers
+    # outside the GEMMs costs the fit (its training loss trails fp32's by 0.02-0.05 from the first epochs)
+    "wageubn-gsr-nesterov-bn16": ({"recipe": "wageubn", "grad_rounding": "stochastic", "norm_bits": 16}, 2),
+    "wageubn-gsr-nesterov-g16": ({"recipe": "wageubn", "grad_rounding": "stochastic", "weight_grad_bits": 16}, 2),
     "dorefa-8": ({"recipe": "dorefa", "bits": 8}, 2),
     # layer inputs divided by their maximum before Eq. 11 instead of clipped to [0, 1] (DoReFaConfig.activation_range)
     "dorefa-8-max": ({"recipe": "dorefa", "bits": 8, "activation_range": "max"}, 2),
@@ -138,7 +143,8 @@ TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8-bf16act": ("fp32", 0.2, None),
     "int8-dataflow-fl": ("fp32", 0.2, None),
     **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "wageubn", "wageubn-gsr", "wageubn-gsr-nesterov",
-                                        "wageubn-split-nesterov", "dorefa-8", "dorefa-8-max")},
+                                        "wageubn-split-nesterov", "wageubn-gsr-nesterov-bn16",
+                                        "wageubn-gsr-nesterov-g16", "dorefa-8", "dorefa-8-max")},
     "cpt-3-8": ("int8", 0.3, 0.6),
     **{v: ("fp32", 3.0, None) for v in ("integer-only", "integer-only-bngain", "integer-only-bngain-lr9",
                                          "integer-only-bngain-l2")},

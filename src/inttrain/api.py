@@ -169,4 +169,5 @@ def restore_(model: nn.Module) -> nn.Module:
         restore_module(module)
         if type(module) in (RangeBatchNorm2d, QuantBatchNorm2d):  # swapped in place by convert_norms_
             module.__class__ = nn.BatchNorm2d
+            module.__dict__.pop("bits", None)  # QuantBatchNorm2d's width, set by use_quant_bn_
     return model

@@ -269,3 +269,17 @@ def test_activation_range_option(tmp_path: Path, capsys: pytest.CaptureFixture[s
     run = tmp_path / "max"
     assert _train(run, "--recipe", "dorefa", "--activation-range", "max", "--max-steps", "2") == 0
     assert yaml.safe_load((run / "config.yaml").read_text())["activation_range"] == "max"
+
+
+def test_wageubn_width_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _train(tmp_path / "r", "--recipe", "int8", "--norm-bits", "16") == 2
+    assert _err(capsys) == "error: --norm-bits: recipe 'int8' has no quantized batch norm; use wageubn"
+    assert _train(tmp_path / "r", "--recipe", "wageubn", "--weight-grad-bits", "30") == 2
+    assert _err(capsys) == "error: --weight-grad-bits: wageubn g_bits=30: allowed 2 to 24"
+    assert _train(tmp_path / "r", "--recipe", "fp32", "--weight-grad-bits", "16") == 2
+    assert _err(capsys) == "error: --weight-grad-bits: recipe 'fp32' has no quantized weight gradient; use wageubn"
+    assert not (tmp_path / "r").exists()
+    run = tmp_path / "w"
+    assert _train(run, "--recipe", "wageubn", "--norm-bits", "16", "--weight-grad-bits", "12", "--max-steps", "2") == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert (saved["norm_bits"], saved["weight_grad_bits"]) == (16, 12)

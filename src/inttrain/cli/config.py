@@ -60,6 +60,10 @@ class RunConfig:
     activation_range: str | None = opt(None, "dorefa: clip (the paper: a layer's input clipped to [0, 1]) or max "
                                              "(divided by its per-tensor maximum first, multiplied back after).",
                                        default_text="recipe's")
+    norm_bits: int | None = opt(None, "wageubn: width of the quantized batch norm's normalized input, gamma, beta "
+                                      "and output (the paper: 8).", default_text="recipe's")
+    weight_grad_bits: int | None = opt(None, "wageubn: width of the weight gradient G its quantized SGD steps with "
+                                             "(the paper: 8).", default_text="recipe's")
     epochs: int = opt(5, "Number of epochs.")
     batch_size: int = opt(32, "Batch size.")
     lr: float = opt(0.05, "Learning rate.")

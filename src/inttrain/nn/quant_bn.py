@@ -91,9 +91,13 @@ class QuantBatchNorm2d(nn.BatchNorm2d):
         return y.to(x.dtype)
 
 
-def use_quant_bn_(model: nn.Module) -> nn.Module:
-    """Switch every exact ``nn.BatchNorm2d`` of ``model`` to :class:`QuantBatchNorm2d`, in place (no copy)."""
+def use_quant_bn_(model: nn.Module, bits: int = 8) -> nn.Module:
+    """Switch every exact ``nn.BatchNorm2d`` of ``model`` to a ``bits``-bit :class:`QuantBatchNorm2d`, in place
+    (no copy)."""
+    if not isinstance(bits, int) or isinstance(bits, bool) or not 2 <= bits <= 24:
+        raise ValueError(f"QuantBatchNorm2d bits={bits!r}: allowed 2 to 24 (exact in float32)")
     for module in model.modules():
         if type(module) is nn.BatchNorm2d:
             module.__class__ = QuantBatchNorm2d
+            module.bits = bits
     return model

@@ -127,6 +127,16 @@ class RecipeConfig:
             raise ValueError(f"recipe {self.name!r} has no activation-range choice; use dorefa")
         return dataclasses.replace(self, activation_range=activation_range)
 
+    def with_norm_bits(self, bits: int) -> RecipeConfig:
+        """This config with its quantized batch norm's width set (``inttrain train --norm-bits``); ValueError if the
+        recipe quantizes no batch norm."""
+        return self._with_field("norm_bits", bits, "quantized batch norm; use wageubn")
+
+    def with_weight_grad_bits(self, bits: int) -> RecipeConfig:
+        """This config with the width of the weight gradient its optimizer quantizes set (``inttrain train
+        --weight-grad-bits``); ValueError if the recipe's optimizer quantizes none."""
+        return self._with_field("g_bits", bits, "quantized weight gradient; use wageubn")
+
     def converts_layers(self) -> bool:
         """False for float baselines (fp32, bf16), which leave the model untouched."""
         return True
@@ -152,18 +162,18 @@ class RecipeConfig:
     def with_weight_grad_rounding(self, rounding: Rounding) -> RecipeConfig:
         """This config with the weight-gradient GEMM's output-gradient rounding set (``inttrain train
         --weight-grad-rounding``); ValueError if the recipe has no such choice."""
-        return self._with_rounding("weight_grad_rounding", rounding, "weight-gradient rounding choice; use int8")
+        return self._with_field("weight_grad_rounding", rounding, "weight-gradient rounding choice; use int8")
 
     def with_grad_rounding(self, rounding: Rounding) -> RecipeConfig:
         """This config with the output-gradient rounding set (``inttrain train --grad-rounding``: the
         input-gradient GEMM's, and the weight-gradient GEMM's where the recipe sets no rounding of its own
         for it); ValueError if the recipe has no such choice."""
-        return self._with_rounding("grad_rounding", rounding, "gradient rounding choice; use int8, sbm, unified-int8 or wageubn")
+        return self._with_field("grad_rounding", rounding, "gradient rounding choice; use int8, sbm, unified-int8 or wageubn")
 
-    def _with_rounding(self, field: str, rounding: Rounding, missing: str) -> RecipeConfig:
+    def _with_field(self, field: str, value: Any, missing: str) -> RecipeConfig:
         if field not in {f.name for f in dataclasses.fields(self)}:
             raise ValueError(f"recipe {self.name!r} has no {missing}")
-        return dataclasses.replace(self, **{field: rounding})
+        return dataclasses.replace(self, **{field: value})
 
     # ------------------------------------------------------------------ training
     def autocast(self, device: str | torch.device = "cpu") -> contextlib.AbstractContextManager[Any]:

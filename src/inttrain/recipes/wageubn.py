@@ -169,7 +169,9 @@ class WageubnConfig(RecipeConfig):
             27.2 dB -- nearest for dx and stochastic for dW keeps the better of each, the int8 recipe's split.
         g_rounding: rounding of the 8-bit weight gradient G in :meth:`optimizer`.
         g_bits, m_bits, w_bits: widths of the weight gradient, momentum and master weights / update used
-            by :meth:`optimizer` (the paper: 8, 16 (?), 24).
+            by :meth:`optimizer` (the paper: 8, 16 (?), 24).  ``inttrain train --weight-grad-bits`` sets ``g_bits``.
+        norm_bits: width of the batch norm's normalized input, gamma, beta and output
+            (:class:`~inttrain.nn.quant_bn.QuantBatchNorm2d`; the paper: 8).  ``inttrain train --norm-bits``.
     """
 
     name = "wageubn"
@@ -187,11 +189,12 @@ class WageubnConfig(RecipeConfig):
     g_bits: int = 8
     m_bits: int = 16
     w_bits: int = 24
+    norm_bits: int = 8
 
     def __post_init__(self) -> None:
         if not isinstance(self.bits, int) or isinstance(self.bits, bool) or not 2 <= self.bits <= 8:
             raise UnsupportedFormatError(f"wageubn bits={self.bits!r}: allowed 2 to 8")
-        for name in ("g_bits", "m_bits", "w_bits"):
+        for name in ("g_bits", "m_bits", "w_bits", "norm_bits"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not 2 <= v <= 24:
                 raise UnsupportedFormatError(f"wageubn {name}={v!r}: allowed 2 to 24")
@@ -216,8 +219,8 @@ class WageubnConfig(RecipeConfig):
         return dataclasses.replace(self, weight_grad_rounding=rounding, g_rounding=rounding)
 
     def convert_norms_(self, model: nn.Module) -> nn.Module:
-        """8-bit BN (:class:`~inttrain.nn.quant_bn.QuantBatchNorm2d`) in place of every BatchNorm2d."""
-        return use_quant_bn_(model)
+        """``norm_bits``-bit BN (:class:`~inttrain.nn.quant_bn.QuantBatchNorm2d`) in place of every BatchNorm2d."""
+        return use_quant_bn_(model, self.norm_bits)
 
     def optimizer_for(self, model: nn.Module, optimizer: str = "sgd", lr: float = 0.05, *, momentum: float = 0.9,
                       weight_decay: float = 0.0, nesterov: bool = False, lr_scaling: bool = True) -> WageubnSGD:
