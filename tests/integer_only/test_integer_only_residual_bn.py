@@ -107,6 +107,35 @@ def test_resnet_bn_gain_shift_lockstep(digits):
     _lockstep({**RESNET, "layers": _with_gain(RESNET["layers"], 3)}, digits, 6, 8, 2, lr_mode="norm", lr_bits=10)
 
 
+def _with_wide_bn_inputs(layers):
+    """The layers with every convolution that feeds a batch norm set to 16-bit output codes (residuals recursed)."""
+    out = []
+    for i, spec in enumerate(layers):
+        if spec["type"] == "conv2d" and i + 1 < len(layers) and layers[i + 1]["type"] == "batchnorm":
+            spec = {**spec, "out_bits": 16}
+        elif spec["type"] == "residual":
+            spec = {**spec, "layers": _with_wide_bn_inputs(spec["layers"]),
+                    "shortcut": _with_wide_bn_inputs(spec.get("shortcut", []))}
+        out.append(spec)
+    return out
+
+
+def test_resnet_bn_16bit_inputs_lockstep(digits):
+    """Convolutions handing their batch norms 16-bit codes (``out_bits``: 16): bit-exact in both engines, and the
+    batch norms really see 16-bit values (channel ranges beyond the 254 of int8 codes) in both."""
+    desc = {**RESNET, "layers": _with_wide_bn_inputs(_with_gain(RESNET["layers"], 3))}
+    mm, tm = _lockstep(desc, digits, 6, 8, 2, lr_mode="norm", lr_bits=10)
+    assert sum(isinstance(l, M.Conv2d) and l.out_bits == 16 for l in _flat(mm.layers)) == 3
+    assert sum(isinstance(l, T.Conv2d) and l.out_bits == 16 for l in _flat(tm.layers)) == 3
+    x = digits[0][:16].reshape(16, 1, 8, 8)
+    mm.forward(M.IntTensor(x, -7))
+    tm.forward(T.IntTensor(torch.from_numpy(x), -7))
+    bns = [(ml, tl) for ml, tl in zip(_flat(mm.layers), _flat(tm.layers)) if isinstance(ml, M.BatchNorm)]
+    assert len(bns) == 3
+    for ml, tl in bns:
+        assert int(ml.saved[3].max()) > 254 and _eq(tl.saved[3], ml.saved[3])      # the channels' ranges r
+
+
 def test_norm_rule_with_a_separate_batch_norm_step_stays_in_lockstep(digits):
     _lockstep(RESNET, digits, 6, 8, 2, lr_mode="norm", lr_bits=10, bn_lr_bits=8, adapt_exp=True)
 

@@ -6,6 +6,7 @@ import pytest
 from inttrain.micro import SGD, BatchNorm, IntTensor, MicroFormatError, Sequential, add_aligned, evaluate, train_epoch
 from inttrain.micro.layers import Linear, Residual
 from inttrain.micro.model import load_model, save_model
+from inttrain.micro.ops import saturate, shift_round
 
 C = lambda i, o, k=3, s=1, p=1: {"type": "conv2d", "in_channels": i, "out_channels": o, "kernel_size": k,  # noqa: E731
                                  "stride": s, "padding": p}
@@ -153,6 +154,17 @@ def test_descriptions_validated():
             Sequential.from_description({"input_shape": [10], "layers": [{**BN(10), "gain_shift": gain}]})
     d = Sequential.from_description(PROJ).desc
     assert d["layers"][2]["shortcut"][0]["stride"] == 2 and d["layers"][2]["layers"][1] == BN(8)
+    conv = {**C(1, 4), "out_bits": 16}
+    for bits in (12, True, "16"):
+        with pytest.raises(MicroFormatError, match=f"layer 0: out_bits must be 8 or 16, got {bits!r}"):
+            Sequential.from_description({"input_shape": [1, 8, 8], "layers": [{**conv, "out_bits": bits}, BN(4)]})
+    for after in ([R, BN(4)], []):
+        with pytest.raises(MicroFormatError, match="layer 0: out_bits 16 needs a batchnorm as the next layer"):
+            Sequential.from_description({"input_shape": [1, 8, 8], "layers": [conv, *after]})
+    head = [{"type": "flatten"}, {"type": "linear", "in_features": 256, "out_features": 10}]
+    wide = Sequential.from_description({"input_shape": [1, 8, 8],
+                                        "layers": [conv, BN(4), {**C(4, 4), "out_bits": 8}, *head]})
+    assert wide.desc["layers"][0]["out_bits"] == 16 and "out_bits" not in wide.desc["layers"][2]   # 8: not written
 
 
 def test_save_load_roundtrip(tmp_path):
@@ -214,3 +226,24 @@ def test_projection_coefficient_divides_by_the_input_energy_and_is_capped():
     g = np.full_like(xh, 127)
     pg = projection_coefficient((g * xh).sum(1), xh)
     assert pg.tolist() == [PROJ_CAP // 32] and int(np.abs(xh * pg[:, None]).max()) <= PROJ_CAP
+
+
+def test_bn_16bit_input_256_times_an_int8_one_gives_the_same_codes():
+    """A 16-bit input (a convolution's ``out_bits`` 16) goes through the wider reciprocal 2**31 / r and a shift by
+    24: for 256 x an int8 input at exponent - 8 (the same values) that is exactly the int8 path (Xh, output,
+    gradients); a channel too narrow for the int8 grid gets finer normalized values from its 16-bit codes."""
+    rng = np.random.default_rng(5)
+    half = rng.integers(-127, 128, size=(4, 4, 6, 6)) // rng.integers(1, 8, size=(1, 4, 1, 1))
+    x = np.concatenate([half, -half])            # channel means 0 exactly (a 16-bit mean has 8 more bits)
+    g = IntTensor(rng.integers(-127, 128, size=(8, 4, 6, 6)).astype(np.int8), -9)
+    narrow, wide = BatchNorm(4, gain_shift=3), BatchNorm(4, gain_shift=3)
+    y8 = narrow.forward(IntTensor(x.astype(np.int8), -6))
+    y16 = wide.forward(IntTensor((x * 256).astype(np.int16), -14))
+    assert np.array_equal(narrow.saved[2], wide.saved[2]) and y8.exp == y16.exp and np.array_equal(y8.q, y16.q)
+    g8, g16 = narrow.backward(g), wide.backward(g)
+    assert g16.exp == g8.exp and np.array_equal(g8.q, g16.q)      # the same values: the same error
+    assert np.array_equal(narrow.gamma.grad, wide.gamma.grad) and np.array_equal(narrow.beta.grad, wide.beta.grad)
+    fine = rng.normal(0, 300, size=(8, 1, 6, 6)).round().astype(np.int16)        # ~2 int8 codes of spread
+    coarse = BatchNorm(1).forward(IntTensor(saturate(shift_round(fine.astype(np.int64), 8, "rne"), 8).astype(np.int8), 0))
+    finer = BatchNorm(1).forward(IntTensor(fine, -8))
+    assert len(np.unique(coarse.q)) < 16 < 64 < len(np.unique(finer.q))

@@ -21,7 +21,7 @@ def test_config_frozen_and_validated():
         c.lr_shift = 3
     for bad in ({"weight_bits": 12}, {"lr_shift": 63}, {"momentum_shift": 0}, {"update_rounding": "up"},
                 {"lr_mode": "adam"}, {"lr_bits": 15}, {"decay_shift": 0}, {"bn_gain_shift": -1},
-                {"bn_gain_shift": 9}, {"bn_gain_shift": True}):
+                {"bn_gain_shift": 9}, {"bn_gain_shift": True}, {"bn_input_bits": 12}, {"bn_input_bits": True}):
         with pytest.raises(ValueError):
             IntegerOnlyConfig(**bad)
 
@@ -157,6 +157,24 @@ def test_bn_gain_shift_brings_the_converted_resnet_to_float_batch_norm_scale():
     default = convert(f, IntegerOnlyConfig(drop_bias=True), input_shape=[3, 16, 16])  # the gain is the default
     assert {layer.gain_shift for layer in _flat_layers(default.layers) if isinstance(layer, T.BatchNorm)} == {3}
     assert 0.1 < ratio[0] < 0.25 and 1.0 < ratio[3] < 1.8, ratio   # measured 0.163-0.174 and 1.30-1.39, seeds 0-2
+
+
+def test_bn_input_bits_16_widens_every_convolution_that_feeds_a_batch_norm():
+    """bn_input_bits=16 gives ``out_bits`` 16 to each convolution followed by a batch norm (blocks and projection
+    shortcuts), and to nothing else; the logits stay close to the 8-bit conversion's."""
+    from inttrain.models.resnet import CifarResNet
+
+    torch.manual_seed(0)
+    f = CifarResNet(8, 10, 3)
+    q = torch.round(torch.randn(8, 3, 16, 16).clamp(-3.9, 3.9) * 32).to(torch.int8)
+    logits = {}
+    for bits in (8, 16):
+        m = convert(f, IntegerOnlyConfig(drop_bias=True, bn_input_bits=bits), input_shape=[3, 16, 16])
+        convs = [layer for layer in _flat_layers(m.layers) if isinstance(layer, T.Conv2d)]
+        assert {c.out_bits for c in convs} == {bits} and len(convs) == 9          # each conv feeds a batch norm
+        logits[bits] = m.forward(T.IntTensor(q, -5)).to_float()
+    cos = float((logits[8] * logits[16]).sum() / logits[8].norm() / logits[16].norm())
+    assert cos > 0.95, cos
 
 
 def _flat_layers(layers):

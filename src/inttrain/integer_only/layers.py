@@ -122,11 +122,12 @@ class Conv2d(Layer):
     """Cross-correlation with zero padding, square kernel, no bias; W: (O, C, k, k); im2col + int GEMM."""
 
     def __init__(self, weight: Param, stride: int = 1, padding: int = 0, fwd_round: str = "rne",
-                 bwd_round: str = "pstoch"):
+                 bwd_round: str = "pstoch", out_bits: int = 8):
         self.weight = weight
         self.out_channels, self.in_channels, self.kernel_size, _ = weight.acc.shape
         self.stride, self.padding = stride, padding
         self.fwd_round, self.bwd_round = fwd_round, bwd_round
+        self.out_bits = out_bits            # 16: the batch norm that follows gets 16-bit codes (micro's Conv2d)
         self.params = [weight]
         self.last_acc: torch.Tensor | None = None
 
@@ -138,7 +139,7 @@ class Conv2d(Layer):
         acc = gemm(cols, w.q.reshape(o, -1).t()).reshape(x.q.shape[0], oh, ow, o).permute(0, 3, 1, 2)
         acc = check_int32(acc, "conv forward")
         self.last_acc = acc
-        return requantize(acc, x.exp + w.exp, self.fwd_round)
+        return requantize(acc, x.exp + w.exp, self.fwd_round, self.out_bits)
 
     def backward(self, g: IntTensor) -> IntTensor | None:
         x, w, cols, oh, ow = self.saved

@@ -70,7 +70,7 @@ def _layers_from_micro(specs: list[dict], mlayers: list, r: dict, device) -> lis
 
     twin = {
         "linear": lambda s, m: Linear(p(m.weight), f, b),
-        "conv2d": lambda s, m: Conv2d(p(m.weight), s["stride"], s["padding"], f, b),
+        "conv2d": lambda s, m: Conv2d(p(m.weight), s["stride"], s["padding"], f, b, s.get("out_bits", 8)),
         "maxpool2d": lambda s, m: MaxPool2d(s["kernel_size"]),
         "avgpool2d": lambda s, m: AvgPool2d(s["kernel_size"], False, f, b),
         "globalavgpool2d": lambda s, m: AvgPool2d(0, True, f, b),

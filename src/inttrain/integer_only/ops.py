@@ -115,11 +115,11 @@ def rdiv(a: torch.Tensor, m: int | torch.Tensor) -> torch.Tensor:
     return torch.div(a.to(torch.int64) + m // 2, m, rounding_mode="floor")
 
 
-_POW2 = [1 << i for i in range(10)]
+_POW2 = [1 << i for i in range(17)]
 
 
 def bitlen(r: torch.Tensor) -> torch.Tensor:
-    """bit_length of non-negative integers < 2**10, elementwise (0 for 0)."""
+    """bit_length of non-negative integers < 2**17, elementwise (0 for 0; micro's ``bitlen``)."""
     p = torch.tensor(_POW2, dtype=torch.int64, device=r.device)
     return (r.to(torch.int64).unsqueeze(-1) >= p).sum(-1)
 

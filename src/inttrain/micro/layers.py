@@ -18,12 +18,12 @@ INT32_LIMIT = INT32_MAX
 MAX_K = INT32_LIMIT // (127 * 127)   # 133144: longest reduction whose int8 x int8 sum fits int32
 
 
-def requantize_checked(acc: np.ndarray, exp: int, mode: str, what: str) -> IntTensor:
-    """check_int32 + requantize sharing one max|acc|."""
+def requantize_checked(acc: np.ndarray, exp: int, mode: str, what: str, bits: int = 8) -> IntTensor:
+    """check_int32 + requantize (to ``bits``-bit codes) sharing one max|acc|."""
     m = absmax(acc)
     if m > INT32_LIMIT:
         raise OverflowError(f"{what}: int32 accumulator overflow")
-    return requantize(acc, exp, mode, amax=m)
+    return requantize(acc, exp, mode, bits, amax=m)
 
 
 def _int8_view_table() -> np.ndarray:
@@ -259,14 +259,19 @@ def col2im_batched(dcols: np.ndarray, x_shape: tuple[int, ...], k: int, stride: 
 
 
 class Conv2d(Layer):
-    """Cross-correlation, zero padding, square kernel/stride/padding, no bias. W: (out, C, k, k)."""
+    """Cross-correlation, zero padding, square kernel/stride/padding, no bias. W: (out, C, k, k).
+
+    ``out_bits``: the width of the output codes, 8, or 16 where a batch norm follows (docs §4.2: its per-channel
+    normalization then starts from 16-bit values instead of a per-tensor int8 grid on which a narrow channel
+    has a few levels)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
                  bits: int = 16, rng: np.random.Generator | None = None, fwd_round: str = "rne",
-                 bwd_round: str = "pstoch"):
+                 bwd_round: str = "pstoch", out_bits: int = 8):
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
         self.fwd_round, self.bwd_round = fwd_round, bwd_round
+        self.out_bits = out_bits
         rng = rng if rng is not None else np.random.default_rng(0)
         k = kernel_size
         self.weight = Param.init((out_channels, in_channels, k, k), in_channels * k * k, bits, rng)
@@ -293,7 +298,7 @@ class Conv2d(Layer):
         wf = wflat.reshape(o, -1).astype(ft, copy=False)
         self.saved = (x, w, colsf, wf, ax, aw, oh, ow, wp)
         acc = matmul_exact(wf, colsf, aw, ax).reshape(n, o, oh, wp)[..., :ow]    # NCHW directly
-        return requantize_checked(acc, x.exp + w.exp, self.fwd_round, "conv forward")
+        return requantize_checked(acc, x.exp + w.exp, self.fwd_round, "conv forward", self.out_bits)
 
     @staticmethod
     def backward_acc(x: np.ndarray, w: np.ndarray, g: np.ndarray, stride: int, padding: int):
@@ -341,8 +346,9 @@ class Conv2d(Layer):
         return (self.out_channels, (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1)
 
     def describe(self):
-        return {"type": "conv2d", "in_channels": self.in_channels, "out_channels": self.out_channels,
-                "kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding}
+        d = {"type": "conv2d", "in_channels": self.in_channels, "out_channels": self.out_channels,
+             "kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding}
+        return {**d, "out_bits": self.out_bits} if self.out_bits != 8 else d
 
 
 class ReLU(Layer):
@@ -665,7 +671,9 @@ class BatchNorm(Layer):
         d = xc - mu[:, None]
         r = (ops.amax(xc, 1) - ops.amin(xc, 1)) if m else ops.zeros(mu, 64)
         k = ops.bitlen(r)
-        xh = ops.saturate(ops.shift(d * range_reciprocal(r, 23, ops)[:, None], 16, self.fwd_round), 8)
+        # 128 D / r: 8 more bits of reciprocal for a 16-bit input (r up to 65534; |D * inv| <= 2**31 either way)
+        wide = 8 if x.q.dtype.itemsize == 2 else 0
+        xh = ops.saturate(ops.shift(d * range_reciprocal(r, 23 + wide, ops)[:, None], 16 + wide, self.fwd_round), 8)
         g8, b8 = self.gamma.int8(), self.beta.int8()
         eo = g8.exp - 7 + self.gain_shift            # Xh * G8 is 2**gain_shift * gamma * Xh at exponent eo
         bal = ops.shift(ops.wide(b8.q), eo - b8.exp, self.fwd_round)

@@ -62,6 +62,15 @@ def _validate_layers(layers: list, cur: tuple, where: str, depth: int) -> tuple[
             if oh < 1 or ow < 1:
                 raise MicroFormatError(f"{w}: output would be empty for input {cur}")
             s = {"type": kind, "in_channels": ci, "out_channels": co, "kernel_size": k, "stride": st, "padding": p}
+            out_bits = spec.get("out_bits", 8)
+            if out_bits not in (8, 16) or isinstance(out_bits, bool):
+                raise MicroFormatError(f"{w}: out_bits must be 8 or 16, got {out_bits!r}")
+            if out_bits == 16:                       # written only when set: older descriptions stay as they were
+                nxt = layers[i + 1] if i + 1 < len(layers) else None
+                if not (isinstance(nxt, dict) and nxt.get("type") == "batchnorm"):
+                    raise MicroFormatError(f"{w}: out_bits 16 needs a batchnorm as the next layer (only it takes "
+                                           "16-bit codes)")
+                s["out_bits"] = 16
             cur = (co, oh, ow)
         elif kind == "maxpool2d":
             k = _int(spec, "kernel_size", 1, 15, w, 2)
@@ -109,7 +118,7 @@ def _validate_layers(layers: list, cur: tuple, where: str, depth: int) -> tuple[
             cur = ob
         else:
             raise MicroFormatError(f"{w}: unknown layer type {kind!r}")
-        extra = set(spec) - set(s)
+        extra = set(spec) - set(s) - ({"out_bits"} if kind == "conv2d" else set())   # out_bits 8: the default, dropped
         if extra:
             raise MicroFormatError(f"{w}: unknown keys {sorted(extra)}")
         norm.append(s)
@@ -164,7 +173,7 @@ def build_layers(specs: list[dict], bits: int, r: dict, rng: np.random.Generator
             layers.append(Linear(s["in_features"], s["out_features"], bits, rng, r["forward"], r["backward"]))
         elif t == "conv2d":
             layers.append(Conv2d(s["in_channels"], s["out_channels"], s["kernel_size"], s["stride"], s["padding"],
-                                 bits, rng, r["forward"], r["backward"]))
+                                 bits, rng, r["forward"], r["backward"], s.get("out_bits", 8)))
         elif t == "maxpool2d":
             layers.append(MaxPool2d(s["kernel_size"]))
         elif t == "avgpool2d":

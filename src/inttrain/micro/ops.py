@@ -233,8 +233,9 @@ def rdiv(a: np.ndarray, m) -> np.ndarray:
 
 
 def bitlen(r: np.ndarray) -> np.ndarray:
-    """bit_length of non-negative integers < 2**10, elementwise (0 for 0)."""
-    return (np.asarray(r, dtype=np.int64)[..., None] >= (1 << np.arange(10))).sum(-1)
+    """bit_length of non-negative integers < 2**17, elementwise (0 for 0): a batch norm's channel range, up to 254
+    for int8 inputs and 65534 for 16-bit ones."""
+    return (np.asarray(r, dtype=np.int64)[..., None] >= (1 << np.arange(17))).sum(-1)
 
 
 def check_int32(acc: np.ndarray, what: str) -> np.ndarray:

@@ -146,6 +146,9 @@ class _Gen:
             self.fwd.append(f"{ye} = it_linear_fwd({x}, {xe}, {w}, {e} + IT_W8_EXP_OFFSET, n, {n_in}u, {n_out}u, "
                             f"{self.fwd_acc}, {y}, {self.fmode});")
         elif isinstance(L, Conv2d):
+            if L.out_bits != 8:
+                raise ValueError("codegen: a conv2d with out_bits 16 (16-bit codes into its batch norm) is not "
+                                 "supported by the C generator yet; convert with bn_input_bits=8")
             w, _, e = self.param(L.weight)
             c, h, wd = nd.in_shape
             o, oh, ow = nd.out_shape
