@@ -34,6 +34,13 @@ BN_RES = {"input_shape": [1, 8, 8], "layers": [
 BN_RES_GAIN = {**BN_RES, "layers": [C(1, 8), {**BN(8), "gain_shift": 3}, R,    # batch norms scaled by 2**gain_shift
                                      {"type": "residual", "layers": [C(8, 8), {**BN(8), "gain_shift": 2}, R, C(8, 8)]},
                                      *BN_RES["layers"][4:]]}
+# every convolution that feeds a batch norm hands it 16-bit codes (out_bits 16), gains set, projection shortcut
+BN_WIDE = {"input_shape": [1, 8, 8], "layers": [
+    {**C(1, 8), "out_bits": 16}, {**BN(8), "gain_shift": 3}, R,
+    {"type": "residual", "layers": [{**C(8, 8), "out_bits": 16}, {**BN(8), "gain_shift": 3}, R, C(8, 8)]}, R,
+    {"type": "residual", "layers": [{**C(8, 16, s=2), "out_bits": 16}, BN(16)],
+     "shortcut": [{**C(8, 16, k=1, s=2, p=0), "out_bits": 16}, BN(16)]}, R,
+    {"type": "maxpool2d", "kernel_size": 2}, {"type": "flatten"}, {"type": "linear", "in_features": 64, "out_features": 5}]}
 PROJ = {"input_shape": [1, 9, 9], "layers": [              # residual first (no input error), projection shortcut, global pool
     {"type": "residual", "layers": [C(1, 4), R], "shortcut": [C(1, 4, k=1, p=0)]}, C(4, 4), R,
     {"type": "residual", "layers": [C(4, 8, s=2), BN(8)], "shortcut": [C(4, 8, k=1, s=2, p=0)]}, R,
@@ -55,7 +62,8 @@ def _check(desc, steps=5, batch=8, lr=3, mom=None, x_exp=-7, data=None, **kw):
     ("mlp", MLP, None, False), ("mlp_low_ram", MLP, None, True), ("cnn", CNN, None, False),
     ("cnn_momentum_low_ram", CNN, 2, True), ("bn_residual", BN_RES, None, False),
     ("bn_residual_low_ram", BN_RES, None, True), ("bn_residual_gain", BN_RES_GAIN, 2, False),
-    ("projection", PROJ, 2, False)])
+    ("projection", PROJ, 2, False), ("bn_16bit_inputs", BN_WIDE, 2, False),
+    ("bn_16bit_inputs_low_ram", BN_WIDE, None, True)])
 def test_codegen_bit_exact(name, desc, mom, low_ram):
     r = _check(desc, mom=mom, low_ram=low_ram)
     assert r.ok, r.message
@@ -81,7 +89,7 @@ def test_codegen_other_roundings_int8_weights_constant_channel():
 @needs_cc
 @pytest.mark.parametrize("name,desc,low_ram", [
     ("cnn", CNN, False), ("cnn_low_ram", CNN, True), ("bn_residual", BN_RES, False),
-    ("bn_residual_low_ram", BN_RES, True), ("projection", PROJ, False)])
+    ("bn_residual_low_ram", BN_RES, True), ("projection", PROJ, False), ("bn_16bit_inputs_low_ram", BN_WIDE, True)])
 def test_codegen_hashed_rounding_bit_exact(name, desc, low_ram):
     """hstoch everywhere: the C runtime hashes each value with the position the NumPy engine rounds it at (the
     channel-major batch-norm arrays, the non-power-of-two average pool's error, requantizing without an
@@ -173,9 +181,6 @@ def test_cli_codegen_writes_sources(tmp_path, capsys):
     (MLP, ["--batch-size", "0"], "error: --batch-size 0: must be in [1, 65536]"),
     (MLP, ["--lr-shift", "63"], "error: --lr-shift 63: must be in [0, 62]"),
     (MLP, ["--momentum-shift", "17"], "error: --momentum-shift 17: must be in [1, 16]"),
-    ({**BN_RES, "layers": [{**C(1, 8), "out_bits": 16}, *BN_RES["layers"][1:]]}, [],
-     "error: codegen: a conv2d with out_bits 16 (16-bit codes into its batch norm) is not supported by the C "
-     "generator yet; convert with bn_input_bits=8"),
 ])
 def test_cli_codegen_refuses_bad_input(tmp_path, capsys, desc, args, message):
     (tmp_path / "m.json").write_text(json.dumps(desc))

@@ -82,6 +82,7 @@ class _Gen:
         self.slots: list[int] = []                      # error-buffer pool: largest use of each slot
         self.busy: set[int] = set()
         self.pnames = {id(p): (n, f"P{i}") for i, (n, p) in enumerate(model.named_params())}
+        self.wide: set[str] = set()                     # buffers of 16-bit codes (conv2d out_bits 16)
 
     def buf(self, ctype: str, name: str, count: int) -> str:
         if count > MAX_BUFFER:
@@ -138,25 +139,25 @@ class _Gen:
             self.need_acc(B * n_out)
             self.fwd.append(f"{nd.out_exp} = it_add_aligned({bo}, {be}, {so}, {se}, n * {n_out}u, it_acc, {nd.out}, {self.fmode});")
             return
-        nd.out, nd.out_exp = self.buf("int8_t", f"L{p}_y", B * n_out), self.exp(f"L{p}_ye")
+        wide = isinstance(L, Conv2d) and L.out_bits == 16         # 16-bit codes into the batch norm that follows
+        nd.out, nd.out_exp = self.buf("int16_t" if wide else "int8_t", f"L{p}_y", B * n_out), self.exp(f"L{p}_ye")
         y, ye, x, xe = nd.out, nd.out_exp, nd.inp, nd.in_exp
+        if wide:
+            self.wide.add(y)
         if isinstance(L, Linear):
             w, _, e = self.param(L.weight)
             self.need_gemm_acc(B * n_out)
             self.fwd.append(f"{ye} = it_linear_fwd({x}, {xe}, {w}, {e} + IT_W8_EXP_OFFSET, n, {n_in}u, {n_out}u, "
                             f"{self.fwd_acc}, {y}, {self.fmode});")
         elif isinstance(L, Conv2d):
-            if L.out_bits != 8:
-                raise ValueError("codegen: a conv2d with out_bits 16 (16-bit codes into its batch norm) is not "
-                                 "supported by the C generator yet; convert with bn_input_bits=8")
             w, _, e = self.param(L.weight)
             c, h, wd = nd.in_shape
             o, oh, ow = nd.out_shape
             self.bufs.append(("", f"static const it_conv_t L{p}_cv = {{{c}u, {h}u, {wd}u, {o}u, {L.kernel_size}u, "
                                   f"{L.stride}u, {L.padding}u, {oh}u, {ow}u}};", 0))
             self.need_gemm_acc(B * n_out)
-            self.fwd.append(f"{ye} = it_conv_fwd(&L{p}_cv, {x}, {xe}, {w}, {e} + IT_W8_EXP_OFFSET, n, {self.fwd_acc}, "
-                            f"{y}, {self.fmode});")
+            self.fwd.append(f"{ye} = it_conv_fwd{'16' if wide else ''}(&L{p}_cv, {x}, {xe}, {w}, {e} + IT_W8_EXP_OFFSET, "
+                            f"n, {self.fwd_acc}, {y}, {self.fmode});")
         elif isinstance(L, ReLU):
             self.fwd.append(f"it_relu_fwd({x}, n * {n_in}u, {y}); {ye} = {xe};")
         elif isinstance(L, MaxPool2d):
@@ -174,8 +175,10 @@ class _Gen:
             b, _, be = self.param(L.beta)
             self.bufs.append(("", f"static const it_bn_t L{p}_bn = {{{c}u, {n_in // c}u, {L.gain_shift}}};", 0))
             xh = self.buf("int8_t", f"L{p}_xh", B * n_in)
-            rng, live = self.buf("uint8_t", f"L{p}_range", c), self.buf("uint8_t", f"L{p}_live", c)
-            self.fwd.append(f"{ye} = it_bn_fwd(&L{p}_bn, {x}, n, {g}, {ge}, {b}, {be}, {xh}, {rng}, {live}, {y}, {self.fmode});")
+            rng, live = self.buf("uint16_t", f"L{p}_range", c), self.buf("uint8_t", f"L{p}_live", c)
+            x8, x16 = ("0", x) if x in self.wide else (x, "0")
+            self.fwd.append(f"{ye} = it_bn_fwd(&L{p}_bn, {x8}, {x16}, n, {g}, {ge}, {b}, {be}, {xh}, {rng}, {live}, {y}, "
+                            f"{self.fmode});")
         else:                                        # pragma: no cover - every micro layer is handled above
             raise ValueError(f"codegen: layer {type(L).__name__} is not supported")
 

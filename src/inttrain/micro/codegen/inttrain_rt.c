@@ -88,6 +88,12 @@ static int32_t requant_shift(uint64_t m)
     return s > 0 ? s : 0;
 }
 
+static int32_t requant_shift16(uint64_t m)      /* 16-bit codes: max |code| 32767 */
+{
+    int32_t s = it_bitlen(m) - 15;
+    return s > 0 ? s : 0;
+}
+
 int32_t it_requant32(const int32_t *acc, uint32_t n, int8_t *out, int32_t exp, int mode)
 {
     uint64_t m = 0;
@@ -259,8 +265,19 @@ static void conv_scatter(const it_conv_t *cv, const int8_t *src, const it_wcode_
                 }
 }
 
-int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
-                    int32_t *acc, int8_t *y, int mode)
+/* requantize one convolution output to 8-bit (y) or 16-bit (y16) codes, spec §2 */
+static void conv_store(int8_t *y, int16_t *y16, uint32_t at, int32_t v, int32_t s, int mode)
+{
+    if (y16) {
+        int64_t r = it_shift_round(v, s, mode, at);
+        y16[at] = (int16_t)IT_CLAMP(r, -32767, 32767);
+    } else {
+        y[at] = requant_one(v, s, mode, at);
+    }
+}
+
+static int32_t conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8,
+                        uint32_t n, int32_t *acc, int8_t *y, int16_t *y16, int mode)
 {
     uint32_t b, o, a, d, at = 0, len = n * cv->o * cv->oh * cv->ow;
     uint64_t m = 0;
@@ -268,7 +285,16 @@ int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_w
     if (acc) {
         memset(acc, 0, sizeof(int32_t) * len);
         conv_scatter(cv, x, w, n, acc, 0);
-        return it_requant32(acc, len, y, xe + we8, mode);
+        if (!y16)
+            return it_requant32(acc, len, y, xe + we8, mode);
+        for (at = 0; at < len; at++) {
+            uint64_t av = acc[at] < 0 ? (uint64_t)(-(int64_t)acc[at]) : (uint64_t)acc[at];
+            m = av > m ? av : m;
+        }
+        s = requant_shift16(m);
+        for (at = 0; at < len; at++)
+            conv_store(y, y16, at, acc[at], s, mode);
+        return xe + we8 + s;
     }
     for (pass = 0; pass < 2; pass++, at = 0) {   /* no acc: pass 0 max |A|, pass 1 recompute */
         for (b = 0; b < n; b++)
@@ -280,12 +306,24 @@ int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_w
                         if (pass == 0)
                             m = av > m ? av : m;
                         else
-                            y[at] = requant_one(v, s, mode, at);
+                            conv_store(y, y16, at, v, s, mode);
                     }
         if (pass == 0)
-            s = requant_shift(m);
+            s = y16 ? requant_shift16(m) : requant_shift(m);
     }
     return xe + we8 + s;
+}
+
+int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
+                    int32_t *acc, int8_t *y, int mode)
+{
+    return conv_fwd(cv, x, xe, w, we8, n, acc, y, 0, mode);
+}
+
+int32_t it_conv_fwd16(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
+                      int32_t *acc, int16_t *y, int mode)
+{
+    return conv_fwd(cv, x, xe, w, we8, n, acc, 0, y, mode);
 }
 
 int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8,
@@ -437,32 +475,35 @@ static int64_t range_reciprocal(uint32_t r, int32_t shift)
     return r ? it_rdiv((int64_t)1 << shift, (int64_t)r) : 0;
 }
 
-int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode_t *gamma, int32_t gexp,
-                  const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint8_t *range, uint8_t *live, int8_t *y,
-                  int mode)
+int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, const int16_t *x16, uint32_t n, const it_wcode_t *gamma,
+                  int32_t gexp, const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint16_t *range, uint8_t *live,
+                  int8_t *y, int mode)
 {
     uint32_t c, b, j, hw = bn->hw, m_count = n * hw;
     int32_t eg8 = gexp + IT_W8_EXP_OFFSET, eb8 = bexp + IT_W8_EXP_OFFSET, eo = eg8 - 7 + bn->gain_shift, s;
+    int32_t wide = x16 ? 8 : 0;                 /* 16-bit input: 8 more bits of reciprocal (spec §4.2) */
     uint64_t amax = 0;
     for (c = 0; c < bn->c; c++) {               /* pass 1: statistics, Xh, max |A| */
         int64_t sum = 0, mu, bal, inv;
-        int32_t mn = 127, mx = -127, g8 = it_w8(gamma[c]);
+        int32_t mn = 32767, mx = -32767, g8 = it_w8(gamma[c]);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
-                int32_t v = x[(b * bn->c + c) * hw + j];
+                uint32_t at = (b * bn->c + c) * hw + j;
+                int32_t v = x16 ? x16[at] : x[at];
                 sum += v;
                 mn = v < mn ? v : mn;
                 mx = v > mx ? v : mx;
             }
         mu = it_rdiv(sum, m_count);
-        range[c] = (uint8_t)(mx > mn ? mx - mn : 0);  /* <= 254: int8 inputs */
+        range[c] = (uint16_t)(mx > mn ? mx - mn : 0);  /* <= 254 for int8 inputs, 65534 for 16-bit ones */
         live[c] = mx > mn;
-        inv = range_reciprocal(range[c], 23);
+        inv = range_reciprocal(range[c], 23 + wide);
         bal = it_shift(it_w8(beta[c]), eo - eb8, mode, c);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 uint32_t at = (b * bn->c + c) * hw + j;
-                int64_t v = it_shift_round((x[at] - mu) * inv, 16, mode, c * m_count + b * hw + j), a;  /* 128 (x - mu) / r */
+                int64_t xv = x16 ? x16[at] : x[at];
+                int64_t v = it_shift_round((xv - mu) * inv, 16 + wide, mode, c * m_count + b * hw + j), a;  /* 128 (x - mu) / r */
                 xh[at] = (int8_t)IT_CLAMP(v, -127, 127);
                 a = (int64_t)xh[at] * g8 + bal;
                 if ((uint64_t)(a < 0 ? -a : a) > amax)
@@ -484,7 +525,7 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode
 }
 
 int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, uint32_t n, const int8_t *xh,
-                  const uint8_t *range, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
+                  const uint16_t *range, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
                   it_wcode_t *beta, int32_t *bmom, int32_t bexp, int32_t *acc, int8_t *gx, int32_t lr_shift,
                   int bwd_mode, int upd_mode, int32_t mshift)
 {

@@ -65,6 +65,9 @@ void it_linear_bwd_update(const int8_t *g, int32_t ge, const int8_t *x, int32_t 
 typedef struct { uint32_t c, h, w, o, k, s, p, oh, ow; } it_conv_t;
 int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
                     int32_t *acc, int8_t *y, int mode);
+/* the same with 16-bit output codes (a conv2d with out_bits 16, feeding a batch norm) */
+int32_t it_conv_fwd16(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
+                      int32_t *acc, int16_t *y, int mode);
 int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8,
                           uint32_t n, int32_t *acc, int8_t *gx, int mode);
 void it_conv_bwd_update(const it_conv_t *cv, const int8_t *g, int32_t ge, const int8_t *x, int32_t xe, it_wcode_t *w,
@@ -89,12 +92,13 @@ int32_t it_add_aligned(const int8_t *a, int32_t ea, const int8_t *b, int32_t eb,
 
 /* §4.2 integer range batch norm over n samples of c channels with hw values each */
 typedef struct { uint32_t c, hw; int32_t gain_shift; } it_bn_t;   /* output x 2**gain_shift (spec §4.2) */
-int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, uint32_t n, const it_wcode_t *gamma, int32_t gexp,
-                  const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint8_t *range, uint8_t *live, int8_t *y,
-                  int mode);
+/* x: int8 input codes, or 0 and x16: 16-bit ones */
+int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, const int16_t *x16, uint32_t n, const it_wcode_t *gamma,
+                  int32_t gexp, const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint16_t *range, uint8_t *live,
+                  int8_t *y, int mode);
 /* input error (when gx != NULL) and the update of gamma and beta; returns gx's exponent */
 int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, uint32_t n, const int8_t *xh,
-                  const uint8_t *range, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
+                  const uint16_t *range, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
                   it_wcode_t *beta, int32_t *bmom, int32_t bexp, int32_t *acc, int8_t *gx, int32_t lr_shift,
                   int bwd_mode, int upd_mode, int32_t mshift);
 
