@@ -33,6 +33,31 @@ def _int(d: dict, key: str, lo: int, hi: int, where: str, default: int | None = 
     return v
 
 
+def _conv_spec(spec: dict, cur: tuple, w: str, nxt) -> tuple[dict, tuple]:
+    """A validated conv2d spec on input shape ``cur`` and its output shape; ``nxt``: the next layer's spec."""
+    ci = _int(spec, "in_channels", 1, 4096, w)
+    co = _int(spec, "out_channels", 1, 4096, w)
+    k = _int(spec, "kernel_size", 1, 15, w)
+    st = _int(spec, "stride", 1, 15, w, 1)
+    p = _int(spec, "padding", 0, 15, w, 0)
+    if len(cur) != 3 or cur[0] != ci:
+        raise MicroFormatError(f"{w}: conv2d expects input ({ci}, H, W), gets {cur}")
+    if ci * k * k > MAX_K or co * (-(-k // st)) ** 2 > MAX_K:
+        raise MicroFormatError(f"{w}: reduction too long for int32 accumulators")
+    oh, ow = (cur[1] + 2 * p - k) // st + 1, (cur[2] + 2 * p - k) // st + 1
+    if oh < 1 or ow < 1:
+        raise MicroFormatError(f"{w}: output would be empty for input {cur}")
+    s = {"type": "conv2d", "in_channels": ci, "out_channels": co, "kernel_size": k, "stride": st, "padding": p}
+    out_bits = spec.get("out_bits", 8)
+    if out_bits not in (8, 16) or isinstance(out_bits, bool):
+        raise MicroFormatError(f"{w}: out_bits must be 8 or 16, got {out_bits!r}")
+    if out_bits == 16:                               # written only when set: older descriptions stay as they were
+        if not (isinstance(nxt, dict) and nxt.get("type") == "batchnorm"):
+            raise MicroFormatError(f"{w}: out_bits 16 needs a batchnorm as the next layer (only it takes 16-bit codes)")
+        s["out_bits"] = 16
+    return s, (co, oh, ow)
+
+
 def _validate_layers(layers: list, cur: tuple, where: str, depth: int) -> tuple[list, tuple]:
     """Validate a list of layer specs from input shape ``cur``; returns (normalized specs, output shape)."""
     norm = []
@@ -49,29 +74,7 @@ def _validate_layers(layers: list, cur: tuple, where: str, depth: int) -> tuple[
             s = {"type": kind, "in_features": fi, "out_features": fo}
             cur = (fo,)
         elif kind == "conv2d":
-            ci = _int(spec, "in_channels", 1, 4096, w)
-            co = _int(spec, "out_channels", 1, 4096, w)
-            k = _int(spec, "kernel_size", 1, 15, w)
-            st = _int(spec, "stride", 1, 15, w, 1)
-            p = _int(spec, "padding", 0, 15, w, 0)
-            if len(cur) != 3 or cur[0] != ci:
-                raise MicroFormatError(f"{w}: conv2d expects input ({ci}, H, W), gets {cur}")
-            if ci * k * k > MAX_K or co * (-(-k // st)) ** 2 > MAX_K:
-                raise MicroFormatError(f"{w}: reduction too long for int32 accumulators")
-            oh, ow = (cur[1] + 2 * p - k) // st + 1, (cur[2] + 2 * p - k) // st + 1
-            if oh < 1 or ow < 1:
-                raise MicroFormatError(f"{w}: output would be empty for input {cur}")
-            s = {"type": kind, "in_channels": ci, "out_channels": co, "kernel_size": k, "stride": st, "padding": p}
-            out_bits = spec.get("out_bits", 8)
-            if out_bits not in (8, 16) or isinstance(out_bits, bool):
-                raise MicroFormatError(f"{w}: out_bits must be 8 or 16, got {out_bits!r}")
-            if out_bits == 16:                       # written only when set: older descriptions stay as they were
-                nxt = layers[i + 1] if i + 1 < len(layers) else None
-                if not (isinstance(nxt, dict) and nxt.get("type") == "batchnorm"):
-                    raise MicroFormatError(f"{w}: out_bits 16 needs a batchnorm as the next layer (only it takes "
-                                           "16-bit codes)")
-                s["out_bits"] = 16
-            cur = (co, oh, ow)
+            s, cur = _conv_spec(spec, cur, w, layers[i + 1] if i + 1 < len(layers) else None)
         elif kind == "maxpool2d":
             k = _int(spec, "kernel_size", 1, 15, w, 2)
             if len(cur) != 3 or cur[1] < k or cur[2] < k:
