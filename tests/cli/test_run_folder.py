@@ -260,25 +260,28 @@ def test_bf16_activations_option(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert yaml.safe_load((run / "config.yaml").read_text())["bf16_activations"] is True
 
 
-def test_activation_range_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _train(tmp_path / "r", "--recipe", "int8", "--activation-range", "max") == 2
-    assert _err(capsys) == "error: --activation-range: recipe 'int8' has no activation-range choice; use dorefa"
-    assert _train(tmp_path / "r", "--recipe", "dorefa", "--activation-range", "wide") == 2
-    assert _err(capsys) == "error: --activation-range: dorefa activation_range='wide': allowed clip, max"
+@pytest.mark.parametrize("args,message", [
+    (["--recipe", "int8", "--activation-range", "max"],
+     "error: --activation-range: recipe 'int8' has no activation-range choice; use dorefa"),
+    (["--recipe", "dorefa", "--activation-range", "wide"],
+     "error: --activation-range: dorefa activation_range='wide': allowed clip, max"),
+    (["--recipe", "int8", "--norm-bits", "16"], "error: --norm-bits: recipe 'int8' has no quantized batch norm; use wageubn"),
+    (["--recipe", "wageubn", "--weight-grad-bits", "30"], "error: --weight-grad-bits: wageubn g_bits=30: allowed 2 to 24"),
+    (["--recipe", "fp32", "--weight-grad-bits", "16"],
+     "error: --weight-grad-bits: recipe 'fp32' has no quantized weight gradient; use wageubn")])
+def test_recipe_option_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    assert _train(tmp_path / "r", *args) == 2
+    assert _err(capsys) == message
     assert not (tmp_path / "r").exists()
+
+
+def test_activation_range_option(tmp_path: Path) -> None:
     run = tmp_path / "max"
     assert _train(run, "--recipe", "dorefa", "--activation-range", "max", "--max-steps", "2") == 0
     assert yaml.safe_load((run / "config.yaml").read_text())["activation_range"] == "max"
 
 
-def test_wageubn_width_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _train(tmp_path / "r", "--recipe", "int8", "--norm-bits", "16") == 2
-    assert _err(capsys) == "error: --norm-bits: recipe 'int8' has no quantized batch norm; use wageubn"
-    assert _train(tmp_path / "r", "--recipe", "wageubn", "--weight-grad-bits", "30") == 2
-    assert _err(capsys) == "error: --weight-grad-bits: wageubn g_bits=30: allowed 2 to 24"
-    assert _train(tmp_path / "r", "--recipe", "fp32", "--weight-grad-bits", "16") == 2
-    assert _err(capsys) == "error: --weight-grad-bits: recipe 'fp32' has no quantized weight gradient; use wageubn"
-    assert not (tmp_path / "r").exists()
+def test_wageubn_width_options(tmp_path: Path) -> None:
     run = tmp_path / "w"
     assert _train(run, "--recipe", "wageubn", "--norm-bits", "16", "--weight-grad-bits", "12", "--max-steps", "2") == 0
     saved = yaml.safe_load((run / "config.yaml").read_text())
