@@ -1,0 +1,142 @@
+"""How far an integer-only model's forward and weight gradients are from float arithmetic on the same weights.
+
+    python benchmarks/integer_only_grad_probe.py MODEL_DIR DATA.npz [--batches 8] [--batch-size 128]
+        [--backward-rounding hstoch]
+
+MODEL_DIR is a saved ``inttrain.micro`` model (``model.json`` + ``weights.safetensors``, e.g. a run's ``micro/``
+folder of ``benchmarks/accuracy_full.py``), DATA.npz micro's data file (int8 ``x``, ``x_exp``, ``y``).  On the
+first ``--batches`` batches (in order, no augmentation) it prints
+
+* the mean cross-entropy of micro's integer forward and of a float64 twin of the same layers (convolutions,
+  linear layers, micro's range batch norm with its ``gain_shift``, residual adds, pools) on the master weights and
+  on the int8 weight views the integer GEMMs use: if they agree, the integer forward costs the trained weights
+  nothing;
+* per parameter tensor, the cosine between micro's weight gradient of one batch and the float twin's autograd
+  gradient (int8 weight views in the forward, the batch norms' range held constant as micro's backward holds it),
+  averaged over the batches: how much of micro's per-step gradient is signal.
+
+Used for issue 16's integer-only gap (README, integer-only paragraph).  It changes nothing in the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import inttrain  # noqa: F401
+except ImportError:  # a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from inttrain.micro import layers as L  # noqa: E402
+from inttrain.micro.loss import softmax_cross_entropy_grad  # noqa: E402
+from inttrain.micro.model import load_data, load_model  # noqa: E402
+from inttrain.micro.ops import IntTensor  # noqa: E402
+
+
+def real_value(p: L.Param, view: bool) -> torch.Tensor:
+    """A parameter's real values in float64: its int8 GEMM view (``view``) or its master codes."""
+    if view:
+        v = p.int8()
+        return torch.tensor(v.q.astype(np.float64) * 2.0 ** v.exp)
+    return torch.tensor(p.acc.astype(np.float64) * 2.0 ** p.exp)
+
+
+def float_forward(layers: list, x: torch.Tensor, weights: dict[int, torch.Tensor], range_grad: bool = False) -> torch.Tensor:
+    """micro's layers in float64 with ``weights`` (id(Param) -> tensor); the range is a constant unless ``range_grad``."""
+    for layer in layers:
+        if isinstance(layer, L.Conv2d):
+            x = F.conv2d(x, weights[id(layer.weight)], stride=layer.stride, padding=layer.padding)
+        elif isinstance(layer, L.Linear):
+            x = x @ weights[id(layer.weight)].T
+        elif isinstance(layer, L.BatchNorm):
+            dims = (0, 2, 3) if x.dim() == 4 else (0,)
+            shape = (1, -1, 1, 1) if x.dim() == 4 else (1, -1)
+            mu = x.mean(dims, keepdim=True)
+            r = (x.amax(dims, keepdim=True) - x.amin(dims, keepdim=True)).clamp_min(1e-30)
+            r = r if range_grad else r.detach()
+            x = (x - mu) / r * weights[id(layer.gamma)].view(shape) * 2.0 ** layer.gain_shift + weights[id(layer.beta)].view(shape)
+        elif isinstance(layer, L.ReLU):
+            x = x.clamp_min(0)
+        elif isinstance(layer, L.Residual):
+            x = float_forward(layer.block, x, weights, range_grad) + (
+                float_forward(layer.shortcut, x, weights, range_grad) if layer.shortcut else x)
+        elif isinstance(layer, L.AvgPool2d):
+            x = x.mean((2, 3), keepdim=True) if layer.global_pool else F.avg_pool2d(x, layer.kernel_size)
+        elif isinstance(layer, L.MaxPool2d):
+            x = F.max_pool2d(x, layer.kernel_size)
+        elif isinstance(layer, L.Flatten):
+            x = x.flatten(1)
+        else:  # pragma: no cover - every micro layer is handled above
+            raise TypeError(f"no float twin for {type(layer).__name__}")
+    return x
+
+
+def probe(model: Any, x: np.ndarray, x_exp: int, y: np.ndarray, batches: int, batch_size: int) -> dict[str, Any]:
+    """Losses (integer, float on int8 views, float on master weights) and per-parameter gradient cosines."""
+    params = model.params()
+    losses: dict[str, list[float]] = {"integer": [], "float_int8_views": [], "float_master": []}
+    cosines = np.zeros(len(params))
+    n = 0
+    for b in range(batches):
+        idx = np.arange(b * batch_size, min(len(x), (b + 1) * batch_size))
+        if len(idx) == 0:
+            break
+        yt = torch.tensor(y[idx])
+        logits = model.forward(IntTensor(x[idx], x_exp))
+        losses["integer"].append(F.cross_entropy(torch.tensor(logits.q.astype(np.float64) * 2.0 ** logits.exp), yt).item())
+        err, _ = softmax_cross_entropy_grad(logits, y[idx])
+        model.backward(err)
+        grads = [None if p.grad is None else p.grad.astype(np.float64) * 2.0 ** p.grad_exp for p in params]
+        for p in params:
+            p.grad = None
+        xf = torch.tensor(x[idx].astype(np.float64) * 2.0 ** x_exp)
+        with torch.no_grad():
+            master = {id(p): real_value(p, False) for p in params}
+            losses["float_master"].append(F.cross_entropy(float_forward(model.layers, xf, master), yt).item())
+        views = {id(p): real_value(p, p.role != "norm").requires_grad_(True) for p in params}
+        out = float_forward(model.layers, xf, views)
+        losses["float_int8_views"].append(F.cross_entropy(out, yt).item())
+        F.cross_entropy(out, yt, reduction="sum").backward()
+        for i, p in enumerate(params):
+            a, f = grads[i], views[id(p)].grad
+            if a is not None and f is not None:
+                a, f = a.ravel(), f.numpy().ravel()
+                cosines[i] += float(a @ f) / (float(np.linalg.norm(a) * np.linalg.norm(f)) or 1.0)
+        n += 1
+    names = [name for name, _ in model.named_params()]
+    return {"losses": {k: float(np.mean(v)) for k, v in losses.items()}, "batches": n,
+            "cosines": dict(zip(names, (cosines / max(n, 1)).tolist()))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", help="a saved inttrain.micro model folder")
+    ap.add_argument("data", help="micro DATA.npz (int8 x, x_exp, y)")
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--backward-rounding", default=None, help="override the model's error rounding (rne, hstoch, ...)")
+    args = ap.parse_args(argv)
+    model = load_model(args.model)
+    if args.backward_rounding:
+        model = load_model(args.model, rounding={**model.desc["rounding"], "backward": args.backward_rounding})
+    x, x_exp, y = load_data(args.data)
+    r = probe(model, x, x_exp, y, args.batches, args.batch_size)
+    print(f"{args.model}: {r['batches']} batches of {args.batch_size}, rounding {model.desc['rounding']}")
+    for k, v in r["losses"].items():
+        print(f"  training loss, {k:17s} {v:.4f}")
+    print("  cosine(micro's weight gradient, float autograd), per parameter:")
+    for name, c in r["cosines"].items():
+        print(f"    {name:32s} {c:+.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""benchmarks/integer_only_grad_probe.py on a small residual batch-norm model: the float twin agrees with micro."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from inttrain.micro import Sequential
+from inttrain.micro.model import save_model
+
+SCRIPT = "integer_only_grad_probe"
+C = lambda i, o, s=1: {"type": "conv2d", "in_channels": i, "out_channels": o, "kernel_size": 3, "stride": s,  # noqa: E731
+                       "padding": 1}
+BN = {"type": "batchnorm", "num_features": 8, "gain_shift": 3}
+DESC = {"input_shape": [3, 8, 8], "seed": 0, "layers": [
+    C(3, 8), BN, {"type": "relu"}, {"type": "residual", "layers": [C(8, 8), BN, {"type": "relu"}, C(8, 8), BN]},
+    {"type": "relu"}, {"type": "globalavgpool2d"}, {"type": "flatten"},
+    {"type": "linear", "in_features": 8, "out_features": 4}]}
+
+
+def test_float_twin_matches_micro_forward_and_gradient_directions(bench, tmp_path, capsys) -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(-127, 128, size=(64, 3, 8, 8)).astype(np.int8), rng.integers(0, 4, 64)
+    model = Sequential.from_description(DESC)
+    r = bench.probe(model, x, -5, y, batches=2, batch_size=32)
+    loss = r["losses"]
+    assert r["batches"] == 2 and abs(loss["integer"] - loss["float_int8_views"]) < 0.05, loss
+    assert abs(loss["float_master"] - loss["float_int8_views"]) < 0.05, loss
+    cos = r["cosines"]
+    assert list(cos) == [n for n, _ in model.named_params()]
+    assert cos["layers.7.weight"] > 0.95 and all(c > 0.5 for n, c in cos.items() if n.endswith("weight")), cos
+    save_model(model, tmp_path / "m")
+    np.savez(tmp_path / "d.npz", x=x, x_exp=np.int64(-5), y=y)
+    assert bench.main([str(tmp_path / "m"), str(tmp_path / "d.npz"), "--batches", "1", "--batch-size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "training loss, integer" in out and "layers.0.weight" in out
