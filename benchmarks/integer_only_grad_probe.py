@@ -13,7 +13,10 @@ first ``--batches`` batches (in order, no augmentation) it prints
   nothing;
 * per parameter tensor, the cosine between micro's weight gradient of one batch and the float twin's autograd
   gradient (int8 weight views in the forward, the batch norms' range held constant as micro's backward holds it),
-  averaged over the batches: how much of micro's per-step gradient is signal.
+  averaged over the batches: how much of micro's per-step gradient is signal;
+* the same cosine for the float twin whose errors stay float between layers and are rounded to int8 (power-of-two
+  per-tensor scale, unbiased stochastic rounding) only where a convolution's two backward GEMMs take them -- the
+  int8 recipe's structure -- against its exact gradient: what requantizing every layer's error costs micro.
 
 Used for issue 16's integer-only gap (README, integer-only paragraph).  It changes nothing in the model.
 """
@@ -49,11 +52,14 @@ def real_value(p: L.Param, view: bool) -> torch.Tensor:
     return torch.tensor(p.acc.astype(np.float64) * 2.0 ** p.exp)
 
 
-def float_forward(layers: list, x: torch.Tensor, weights: dict[int, torch.Tensor], range_grad: bool = False) -> torch.Tensor:
-    """micro's layers in float64 with ``weights`` (id(Param) -> tensor); the range is a constant unless ``range_grad``."""
+def float_forward(layers: list, x: torch.Tensor, weights: dict[int, torch.Tensor], range_grad: bool = False,
+                  conv: Any = None) -> torch.Tensor:
+    """micro's layers in float64 with ``weights`` (id(Param) -> tensor); the range is a constant unless
+    ``range_grad``; ``conv(x, w, stride, padding)`` runs the convolutions (default: F.conv2d)."""
+    conv = conv or (lambda a, w, stride, padding: F.conv2d(a, w, stride=stride, padding=padding))
     for layer in layers:
         if isinstance(layer, L.Conv2d):
-            x = F.conv2d(x, weights[id(layer.weight)], stride=layer.stride, padding=layer.padding)
+            x = conv(x, weights[id(layer.weight)], layer.stride, layer.padding)
         elif isinstance(layer, L.Linear):
             x = x @ weights[id(layer.weight)].T
         elif isinstance(layer, L.BatchNorm):
@@ -66,8 +72,8 @@ def float_forward(layers: list, x: torch.Tensor, weights: dict[int, torch.Tensor
         elif isinstance(layer, L.ReLU):
             x = x.clamp_min(0)
         elif isinstance(layer, L.Residual):
-            x = float_forward(layer.block, x, weights, range_grad) + (
-                float_forward(layer.shortcut, x, weights, range_grad) if layer.shortcut else x)
+            x = float_forward(layer.block, x, weights, range_grad, conv) + (
+                float_forward(layer.shortcut, x, weights, range_grad, conv) if layer.shortcut else x)
         elif isinstance(layer, L.AvgPool2d):
             x = x.mean((2, 3), keepdim=True) if layer.global_pool else F.avg_pool2d(x, layer.kernel_size)
         elif isinstance(layer, L.MaxPool2d):
@@ -79,11 +85,56 @@ def float_forward(layers: list, x: torch.Tensor, weights: dict[int, torch.Tensor
     return x
 
 
+def stochastic_int8(g: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``g`` on an int8 grid with a power-of-two per-tensor scale, rounded stochastically (unbiased)."""
+    amax = g.abs().max()
+    if amax == 0:
+        return g
+    scale = 2.0 ** torch.ceil(torch.log2(amax / 127))
+    v = g / scale
+    return torch.floor(v + torch.rand(v.shape, generator=gen, dtype=v.dtype)).clamp(-127, 127) * scale
+
+
+class Int8ErrorConv(torch.autograd.Function):
+    """A convolution whose output error is rounded to int8 (:func:`stochastic_int8`) for both backward GEMMs."""
+
+    @staticmethod
+    def forward(ctx, x, w, stride, padding, gen):  # noqa: ANN001, ANN205 - torch's signature
+        ctx.save_for_backward(x, w)
+        ctx.conv = (stride, padding, gen)
+        return F.conv2d(x, w, stride=stride, padding=padding)
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: ANN001, ANN205
+        x, w = ctx.saved_tensors
+        stride, padding, gen = ctx.conv
+        gq = stochastic_int8(g, gen)
+        return (torch.nn.grad.conv2d_input(x.shape, w, gq, stride=stride, padding=padding),
+                torch.nn.grad.conv2d_weight(x, w.shape, gq, stride=stride, padding=padding), None, None, None)
+
+
+def _twin_grads(model: Any, xf: torch.Tensor, yt: torch.Tensor, int8_errors: torch.Generator | None) -> list[np.ndarray]:
+    """The float twin's weight gradients (int8 views in the forward): exact, or with int8 conv error operands."""
+    params = model.params()
+    views = {id(p): real_value(p, p.role != "norm").requires_grad_(True) for p in params}
+    if int8_errors is None:
+        conv = lambda a, w, stride, padding: F.conv2d(a, w, stride=stride, padding=padding)  # noqa: E731
+    else:
+        conv = lambda a, w, stride, padding: Int8ErrorConv.apply(a, w, stride, padding, int8_errors)  # noqa: E731
+    F.cross_entropy(float_forward(model.layers, xf, views, conv=conv), yt, reduction="sum").backward()
+    return [views[id(p)].grad.numpy().ravel() for p in params]
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b) / (float(np.linalg.norm(a) * np.linalg.norm(b)) or 1.0)
+
+
 def probe(model: Any, x: np.ndarray, x_exp: int, y: np.ndarray, batches: int, batch_size: int) -> dict[str, Any]:
     """Losses (integer, float on int8 views, float on master weights) and per-parameter gradient cosines."""
     params = model.params()
     losses: dict[str, list[float]] = {"integer": [], "float_int8_views": [], "float_master": []}
-    cosines = np.zeros(len(params))
+    cosines, structure = np.zeros(len(params)), np.zeros(len(params))
+    gen = torch.Generator().manual_seed(0)
     n = 0
     for b in range(batches):
         idx = np.arange(b * batch_size, min(len(x), (b + 1) * batch_size))
@@ -101,19 +152,18 @@ def probe(model: Any, x: np.ndarray, x_exp: int, y: np.ndarray, batches: int, ba
         with torch.no_grad():
             master = {id(p): real_value(p, False) for p in params}
             losses["float_master"].append(F.cross_entropy(float_forward(model.layers, xf, master), yt).item())
-        views = {id(p): real_value(p, p.role != "norm").requires_grad_(True) for p in params}
-        out = float_forward(model.layers, xf, views)
-        losses["float_int8_views"].append(F.cross_entropy(out, yt).item())
-        F.cross_entropy(out, yt, reduction="sum").backward()
-        for i, p in enumerate(params):
-            a, f = grads[i], views[id(p)].grad
-            if a is not None and f is not None:
-                a, f = a.ravel(), f.numpy().ravel()
-                cosines[i] += float(a @ f) / (float(np.linalg.norm(a) * np.linalg.norm(f)) or 1.0)
+            views = {id(p): real_value(p, p.role != "norm") for p in params}
+            losses["float_int8_views"].append(F.cross_entropy(float_forward(model.layers, xf, views), yt).item())
+        exact, coarse = _twin_grads(model, xf, yt, None), _twin_grads(model, xf, yt, gen)
+        for i in range(len(params)):
+            if grads[i] is not None:
+                cosines[i] += _cosine(grads[i].ravel(), exact[i])
+            structure[i] += _cosine(coarse[i], exact[i])
         n += 1
     names = [name for name, _ in model.named_params()]
     return {"losses": {k: float(np.mean(v)) for k, v in losses.items()}, "batches": n,
-            "cosines": dict(zip(names, (cosines / max(n, 1)).tolist()))}
+            "cosines": dict(zip(names, (cosines / max(n, 1)).tolist())),
+            "cosines_int8_gemm_errors": dict(zip(names, (structure / max(n, 1)).tolist()))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model}: {r['batches']} batches of {args.batch_size}, rounding {model.desc['rounding']}")
     for k, v in r["losses"].items():
         print(f"  training loss, {k:17s} {v:.4f}")
-    print("  cosine(micro's weight gradient, float autograd), per parameter:")
+    print("  cosine with the float twin's exact gradient, per parameter: micro's / the twin's with int8 GEMM errors")
     for name, c in r["cosines"].items():
-        print(f"    {name:32s} {c:+.3f}")
+        print(f"    {name:32s} {c:+.3f} / {r['cosines_int8_gemm_errors'][name]:+.3f}")
     return 0
 
 

@@ -28,6 +28,8 @@ def test_float_twin_matches_micro_forward_and_gradient_directions(bench, tmp_pat
     cos = r["cosines"]
     assert list(cos) == [n for n, _ in model.named_params()]
     assert cos["layers.7.weight"] > 0.95 and all(c > 0.5 for n, c in cos.items() if n.endswith("weight")), cos
+    coarse = r["cosines_int8_gemm_errors"]          # int8 error operands, float in between: close to exact
+    assert list(coarse) == list(cos) and all(c > 0.8 for c in coarse.values()), coarse
     save_model(model, tmp_path / "m")
     np.savez(tmp_path / "d.npz", x=x, x_exp=np.int64(-5), y=y)
     assert bench.main([str(tmp_path / "m"), str(tmp_path / "d.npz"), "--batches", "1", "--batch-size", "16"]) == 0
