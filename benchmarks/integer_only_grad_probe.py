@@ -1,7 +1,7 @@
 """How far an integer-only model's forward and weight gradients are from float arithmetic on the same weights.
 
     python benchmarks/integer_only_grad_probe.py MODEL_DIR DATA.npz [--batches 8] [--batch-size 128]
-        [--backward-rounding hstoch]
+        [--backward-rounding hstoch] [--error-bits 16]
 
 MODEL_DIR is a saved ``inttrain.micro`` model (``model.json`` + ``weights.safetensors``, e.g. a run's ``micro/``
 folder of ``benchmarks/accuracy_full.py``), DATA.npz micro's data file (int8 ``x``, ``x_exp``, ``y``).  On the
@@ -17,6 +17,9 @@ first ``--batches`` batches (in order, no augmentation) it prints
 * the same cosine for the float twin whose errors stay float between layers and are rounded to int8 (power-of-two
   per-tensor scale, unbiased stochastic rounding) only where a convolution's two backward GEMMs take them -- the
   int8 recipe's structure -- against its exact gradient: what requantizing every layer's error costs micro.
+
+``--error-bits 16`` runs micro's backward with 16-bit errors between layers (``IntegerOnlyConfig.error_bits``)
+on the same weights.
 
 Used for issue 16's integer-only gap (README, integer-only paragraph).  It changes nothing in the model.
 """
@@ -143,7 +146,7 @@ def probe(model: Any, x: np.ndarray, x_exp: int, y: np.ndarray, batches: int, ba
         yt = torch.tensor(y[idx])
         logits = model.forward(IntTensor(x[idx], x_exp))
         losses["integer"].append(F.cross_entropy(torch.tensor(logits.q.astype(np.float64) * 2.0 ** logits.exp), yt).item())
-        err, _ = softmax_cross_entropy_grad(logits, y[idx])
+        err, _ = softmax_cross_entropy_grad(logits, y[idx], bits=model.err_bits)
         model.backward(err)
         grads = [None if p.grad is None else p.grad.astype(np.float64) * 2.0 ** p.grad_exp for p in params]
         for p in params:
@@ -173,13 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--backward-rounding", default=None, help="override the model's error rounding (rne, hstoch, ...)")
+    ap.add_argument("--error-bits", type=int, choices=(8, 16), default=None,
+                    help="override the model's error width between layers")
     args = ap.parse_args(argv)
     model = load_model(args.model)
-    if args.backward_rounding:
-        model = load_model(args.model, rounding={**model.desc["rounding"], "backward": args.backward_rounding})
+    rounding = {**model.desc["rounding"], "backward": args.backward_rounding} if args.backward_rounding else None
+    model = load_model(args.model, rounding=rounding, error_bits=args.error_bits)
     x, x_exp, y = load_data(args.data)
     r = probe(model, x, x_exp, y, args.batches, args.batch_size)
-    print(f"{args.model}: {r['batches']} batches of {args.batch_size}, rounding {model.desc['rounding']}")
+    print(f"{args.model}: {r['batches']} batches of {args.batch_size}, rounding {model.desc['rounding']}, "
+          f"{model.err_bits}-bit errors")
     for k, v in r["losses"].items():
         print(f"  training loss, {k:17s} {v:.4f}")
     print("  cosine with the float twin's exact gradient, per parameter: micro's / the twin's with int8 GEMM errors")

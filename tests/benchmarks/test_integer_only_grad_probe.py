@@ -34,4 +34,7 @@ def test_float_twin_matches_micro_forward_and_gradient_directions(bench, tmp_pat
     np.savez(tmp_path / "d.npz", x=x, x_exp=np.int64(-5), y=y)
     assert bench.main([str(tmp_path / "m"), str(tmp_path / "d.npz"), "--batches", "1", "--batch-size", "16"]) == 0
     out = capsys.readouterr().out
-    assert "training loss, integer" in out and "layers.0.weight" in out
+    assert "training loss, integer" in out and "layers.0.weight" in out and "8-bit errors" in out
+    assert bench.main([str(tmp_path / "m"), str(tmp_path / "d.npz"), "--batches", "1", "--error-bits", "16"]) == 0
+    assert "16-bit errors" in capsys.readouterr().out
+

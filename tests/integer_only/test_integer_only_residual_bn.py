@@ -72,9 +72,9 @@ def _lockstep(desc, data, steps, lr_shift, momentum_shift=None, batch=32, **opt_
             if isinstance(ml, M.BatchNorm):                      # the int32 BN accumulator
                 assert _eq(tl.last_acc, ml.last_acc)
                 assert _eq(tl.saved[2], ml.saved[2]) and _eq(tl.saved[4], ml.saved[4])   # Xh, k
-        merr, _ = M.softmax_cross_entropy_grad(mlog, yb)
-        terr, _ = T.softmax_cross_entropy_grad(tlog, torch.from_numpy(yb))
-        assert _eq(terr.q, merr.q)
+        merr, _ = M.softmax_cross_entropy_grad(mlog, yb, bits=mm.err_bits)
+        terr, _ = T.softmax_cross_entropy_grad(tlog, torch.from_numpy(yb), tm.err_bits)
+        assert merr.exp == terr.exp and _eq(terr.q, merr.q)
         mm.backward(merr)
         tm.backward(terr)
         for (n, mp), (_, tp) in zip(mm.named_params(), tm.named_params()):
@@ -134,6 +134,28 @@ def test_resnet_bn_16bit_inputs_lockstep(digits):
     assert len(bns) == 3
     for ml, tl in bns:
         assert int(ml.saved[3].max()) > 254 and _eq(tl.saved[3], ml.saved[3])      # the channels' ranges r
+
+
+@pytest.mark.parametrize("desc", [RESNET, MLP_BN], ids=["resnet", "mlp-bn"])
+def test_16bit_errors_lockstep(digits, desc):
+    """``error_bits`` 16: every layer hands back 16-bit error codes (int8 only as GEMM operands), the loss
+    gradient is int16 at exponent -15; bit-exact in both engines, and the errors really are 16-bit in both."""
+    desc = {**desc, "error_bits": 16, "layers": _with_gain(desc["layers"], 3)}
+    mm, tm = _lockstep(desc, digits, 6, 8, 2, lr_mode="norm", lr_bits=10)
+    assert mm.err_bits == tm.err_bits == 16 and mm.desc["error_bits"] == 16
+    xtr, _, ytr, _ = digits
+    xb = xtr[:16].reshape((16, *desc["input_shape"]))
+    for model, engine, conv in ((mm, M, np.asarray), (tm, T, torch.from_numpy)):
+        seen = []
+        for layer in _flat(model.layers):                        # record each layer's output error
+            layer.backward = (lambda f: lambda g: seen.append(r := f(g)) or r)(layer.backward)
+        logits = model.forward(engine.IntTensor(conv(xb), -7))
+        err, _ = engine.softmax_cross_entropy_grad(logits, conv(ytr[:16]), bits=16)
+        assert err.exp == -15 and str(err.q.dtype).endswith("int16")
+        model.backward(err)
+        errors = [g for g in seen if g is not None]
+        assert errors and all(str(g.q.dtype).endswith("int16") for g in errors)
+        assert max(int(abs(g.q).max()) for g in errors) > 127                     # wider than int8 codes
 
 
 def test_norm_rule_with_a_separate_batch_norm_step_stays_in_lockstep(digits):

@@ -181,6 +181,8 @@ def test_cli_codegen_writes_sources(tmp_path, capsys):
     (MLP, ["--batch-size", "0"], "error: --batch-size 0: must be in [1, 65536]"),
     (MLP, ["--lr-shift", "63"], "error: --lr-shift 63: must be in [0, 62]"),
     (MLP, ["--momentum-shift", "17"], "error: --momentum-shift 17: must be in [1, 16]"),
+    ({**MLP, "error_bits": 16}, [], "error: codegen: error_bits 16 (16-bit errors between layers) is not in the C "
+     "runtime yet; train this model with python -m inttrain.micro or inttrain.integer_only"),
 ])
 def test_cli_codegen_refuses_bad_input(tmp_path, capsys, desc, args, message):
     (tmp_path / "m.json").write_text(json.dumps(desc))

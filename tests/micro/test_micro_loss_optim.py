@@ -40,6 +40,26 @@ def test_error_hand_built():
     assert err.q.tolist() == [[127, -127]]
 
 
+def test_16bit_error_is_the_q15_softmax_minus_the_label():
+    """bits 16: p in Q15 (round(E * 2**15 / S)), error p - onehot as int16 at exponent -15; the Q7 error is the
+    same softmax rounded 8 bits coarser, and probabilities in (2**-14, 2**-8) survive only in the 16-bit one."""
+    rng = np.random.default_rng(5)
+    logits = IntTensor(rng.integers(-127, 128, size=(64, 10)).astype(np.int8), -3)
+    y = rng.integers(0, 10, 64)
+    e8, p7 = softmax_cross_entropy_grad(logits, y)
+    e16, p15 = softmax_cross_entropy_grad(logits, y, bits=16)
+    assert e16.exp == -15 and e16.q.dtype == np.int16 and e8.q.dtype == np.int8
+    onehot = np.eye(10, dtype=np.int64)[y]
+    assert np.array_equal(e16.q, np.clip(p15 - (onehot << 15), -32767, 32767))
+    z = logits.to_float()
+    pf = np.exp(z - z.max(1, keepdims=True))
+    pf /= pf.sum(1, keepdims=True)
+    assert np.abs(p15 / 2**15 - pf).max() <= 2.5 / 128                    # the Q15 table's own accuracy
+    assert np.abs(p15 / 2**15 - p7 / 2**7).max() <= 1 / 256 + 2**-15      # Q7 is Q15 rounded 8 bits coarser
+    small = (pf > 2**-14) & (pf < 1 / 256) & (onehot == 0)
+    assert small.any() and np.all(e8.q[small] == 0) and np.all(e16.q[small] > 0)
+
+
 def test_sgd_update_is_a_shift_of_the_gradient():
     p = Param(np.zeros(4, dtype=np.int64), -10, 16)
     p.grad, p.grad_exp = np.array([96, -96, 32, 1000]), -8

@@ -69,15 +69,20 @@ def _float_bn_grads(bn, g):
     return gx, (gc * xf).sum(1) * 2.0 ** bn.gain_shift, gc.sum(1)
 
 
-@pytest.mark.parametrize("shape,gain_shift", [((32, 6), 0), ((8, 4, 6, 6), 0), ((8, 4, 6, 6), 3)])
-def test_bn_backward_matches_float_formula(shape, gain_shift):
+@pytest.mark.parametrize("shape,gain_shift,g_bits", [((32, 6), 0, 8), ((8, 4, 6, 6), 0, 8), ((8, 4, 6, 6), 3, 8),
+                                                     ((32, 6), 0, 16), ((8, 4, 6, 6), 3, 16)])
+def test_bn_backward_matches_float_formula(shape, gain_shift, g_bits):
+    """Int8 errors, and 16-bit ones (``error_bits`` 16: h at eg - 6 instead of eg - 14, 16-bit input error)."""
     rng = np.random.default_rng(2)
     x = rng.integers(-127, 128, size=shape) // rng.integers(1, 8, size=(1, shape[1]) + (1,) * (len(shape) - 2))
     bn = BatchNorm(shape[1], gain_shift=gain_shift)
+    bn.err_bits = g_bits
     bn.gamma.acc[:] = rng.integers(2000, 8000, shape[1])
     bn.forward(IntTensor(x.astype(np.int8), -6))
-    g = IntTensor(rng.integers(-127, 128, size=shape).astype(np.int8), -9)
+    top = (1 << (g_bits - 1)) - 1
+    g = IntTensor(rng.integers(-top, top + 1, size=shape).astype(np.int8 if g_bits == 8 else np.int16), -9)
     gx = bn.backward(g)
+    assert gx.q.dtype == g.q.dtype
     ref_x, ref_gamma, ref_beta = _float_bn_grads(bn, g)
     got = np.moveaxis(gx.to_float(), 1, 0).reshape(shape[1], -1)
     cos = (got * ref_x).sum() / np.linalg.norm(got) / np.linalg.norm(ref_x)
@@ -115,6 +120,24 @@ def test_bn_gain_shift_scales_output_and_gradients_by_an_exact_power_of_two(gain
     assert np.abs(y - ref).max() < 0.03 * np.abs(ref).max()
     assert gained.describe() == {"type": "batchnorm", "num_features": 4, "gain_shift": gain_shift}
     assert plain.describe() == {"type": "batchnorm", "num_features": 4}
+
+
+def test_bn_backward_16bit_errors_at_full_scale_stay_within_int32():
+    """The worst 16-bit error (every code +-32767, a one-hot input channel so that Xh is concentrated) goes through
+    the int32 checks of the input gradient; gamma / beta gradients beyond int32 are narrowed by a rounding shift."""
+    x = np.zeros((128, 3, 32, 32), dtype=np.int8)           # M = 131072, ResNet-20's first stage at batch 128
+    x[:, 0], x[0, 1, 0, 0], x[:, 2] = (np.arange(128)[:, None, None] * 2 - 127).astype(np.int8), 127, -90
+    bn = BatchNorm(3)
+    bn.err_bits = 16
+    bn.gamma.acc[:] = 16000
+    bn.forward(IntTensor(x, -6))
+    sign = np.where(np.arange(x.size).reshape(x.shape) % 5 == 0, 32767, -32767).astype(np.int16)
+    for g in (np.full_like(sign, 32767), sign):
+        gx = bn.backward(IntTensor(g, -20))                          # no int32 overflow raised
+        assert gx.q.dtype == np.int16 and np.all(gx.q[:, 2] == 0)   # a constant channel passes no error
+        dbeta = g.astype(np.int64).sum(axis=(0, 2, 3))
+        assert np.abs(dbeta).max() > 2**31 and bn.beta.grad.dtype == np.int32
+        np.testing.assert_allclose(bn.beta.grad * 2.0 ** bn.beta.grad_exp, dbeta * 2.0 ** -20, rtol=2**-29)
 
 
 def test_residual_backward_sums_both_paths():
@@ -165,6 +188,13 @@ def test_descriptions_validated():
     wide = Sequential.from_description({"input_shape": [1, 8, 8],
                                         "layers": [conv, BN(4), {**C(4, 4), "out_bits": 8}, *head]})
     assert wide.desc["layers"][0]["out_bits"] == 16 and "out_bits" not in wide.desc["layers"][2]   # 8: not written
+    for bits in (12, True, "16", None):
+        with pytest.raises(MicroFormatError, match=f"model description: error_bits must be 8 or 16, got {bits!r}"):
+            Sequential.from_description({**PROJ, "error_bits": bits})
+    assert "error_bits" not in Sequential.from_description({**PROJ, "error_bits": 8}).desc      # 8: not written
+    wide_errors = Sequential.from_description({**PROJ, "error_bits": 16})
+    assert wide_errors.desc["error_bits"] == 16 and wide_errors.err_bits == 16
+    assert {l.err_bits for l in wide_errors.layers} | {l.err_bits for l in wide_errors.layers[2].block} == {16}
 
 
 def test_save_load_roundtrip(tmp_path):

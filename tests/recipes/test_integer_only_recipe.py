@@ -21,7 +21,8 @@ def test_config_frozen_and_validated():
         c.lr_shift = 3
     for bad in ({"weight_bits": 12}, {"lr_shift": 63}, {"momentum_shift": 0}, {"update_rounding": "up"},
                 {"lr_mode": "adam"}, {"lr_bits": 15}, {"decay_shift": 0}, {"bn_gain_shift": -1},
-                {"bn_gain_shift": 9}, {"bn_gain_shift": True}, {"bn_input_bits": 12}, {"bn_input_bits": True}):
+                {"bn_gain_shift": 9}, {"bn_gain_shift": True}, {"bn_input_bits": 12}, {"bn_input_bits": True},
+                {"error_bits": 12}, {"error_bits": True}):
         with pytest.raises(ValueError):
             IntegerOnlyConfig(**bad)
 
@@ -175,6 +176,16 @@ def test_bn_input_bits_16_widens_every_convolution_that_feeds_a_batch_norm():
         logits[bits] = m.forward(T.IntTensor(q, -5)).to_float()
     cos = float((logits[8] * logits[16]).sum() / logits[8].norm() / logits[16].norm())
     assert cos > 0.95, cos
+
+
+def test_error_bits_16_is_written_into_the_description_and_every_layer():
+    from inttrain.models.resnet import CifarResNet
+
+    torch.manual_seed(0)
+    for bits in (8, 16):
+        m = convert(CifarResNet(8, 10, 3), IntegerOnlyConfig(drop_bias=True, error_bits=bits), input_shape=[3, 16, 16])
+        assert m.desc.get("error_bits", 8) == bits and m.err_bits == bits
+        assert {layer.err_bits for layer in _flat_layers(m.layers)} == {bits}
 
 
 def _flat_layers(layers):

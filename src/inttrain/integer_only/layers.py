@@ -82,12 +82,13 @@ class Linear(Layer):
 
     def backward(self, g: IntTensor) -> IntTensor | None:
         x, w = self.saved
+        g = _ml.gemm_error(g, self.bwd_round, TorchOps)
         self.weight.grad = check_int32(gemm(g.q.t(), x.q), "linear weight grad")
         self.weight.grad_exp = g.exp + x.exp
         if not self.need_input_grad:
             return None
         gx = check_int32(gemm(g.q, w.q), "linear input grad")
-        return requantize(gx, g.exp + w.exp, self.bwd_round)
+        return requantize(gx, g.exp + w.exp, self.bwd_round, self.err_bits)
 
 
 def im2col(x: torch.Tensor, k: int, stride: int, padding: int) -> tuple[torch.Tensor, int, int]:
@@ -143,6 +144,7 @@ class Conv2d(Layer):
 
     def backward(self, g: IntTensor) -> IntTensor | None:
         x, w, cols, oh, ow = self.saved
+        g = _ml.gemm_error(g, self.bwd_round, TorchOps)
         o, k = self.out_channels, self.kernel_size
         grows = g.q.permute(0, 2, 3, 1).reshape(-1, o)                # (N*OH*OW, O)
         self.weight.grad = check_int32(gemm(grows.t(), cols).reshape(w.q.shape), "conv weight grad")
@@ -152,7 +154,7 @@ class Conv2d(Layer):
         int8_codes = g.q.dtype == torch.int8 and w.q.dtype == torch.int8
         bound = o * 128 * 128 if int8_codes else None                  # |int8| <= 128 on both sides, o terms
         gx = col2im(gemm(grows, w.q.reshape(o, -1)), x.q.shape, k, self.stride, self.padding, oh, ow, bound)
-        return requantize(check_int32(gx, "conv input grad"), g.exp + w.exp, self.bwd_round)
+        return requantize(check_int32(gx, "conv input grad"), g.exp + w.exp, self.bwd_round, self.err_bits)
 
 
 class ReLU(Layer):
@@ -208,9 +210,9 @@ class Flatten(Layer, _ml.Flatten):
 # Residual additions (§4.1) and integer batch normalization (§4.2): twins of inttrain.micro.layers
 
 
-def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne") -> IntTensor:
-    """a + b with exponent alignment (:func:`inttrain.micro.layers.add_aligned` on torch)."""
-    return _ml.add_aligned(a, b, mode, TorchOps)
+def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne", bits: int = 8) -> IntTensor:
+    """a + b with exponent alignment, to ``bits``-bit codes (:func:`inttrain.micro.layers.add_aligned` on torch)."""
+    return _ml.add_aligned(a, b, mode, TorchOps, bits)
 
 
 run_forward, run_backward, layer_named_params = _ml.run_forward, _ml.run_backward, _ml.layer_named_params

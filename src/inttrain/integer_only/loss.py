@@ -26,9 +26,10 @@ def softmax_q7(logits: IntTensor) -> torch.Tensor:
     return _core.softmax_q7(logits, TorchOps)
 
 
-def softmax_cross_entropy_grad(logits: IntTensor, labels: torch.Tensor) -> tuple[IntTensor, torch.Tensor]:
-    """Error p - onehot(labels) as int8 codes at exponent -7 (summed loss); returns (error, p_q7)."""
-    return _core.softmax_cross_entropy_grad(logits, labels, TorchOps)
+def softmax_cross_entropy_grad(logits: IntTensor, labels: torch.Tensor, bits: int = 8) -> tuple[IntTensor, torch.Tensor]:
+    """Error p - onehot(labels) as int8 codes at exponent -7 (int16 at -15 for ``bits`` 16; summed loss);
+    returns (error, p in Q7 / Q15)."""
+    return _core.softmax_cross_entropy_grad(logits, labels, TorchOps, bits)
 
 
 def display_loss(logits: IntTensor, labels: torch.Tensor) -> float:

@@ -80,20 +80,23 @@ def _layers_from_micro(specs: list[dict], mlayers: list, r: dict, device) -> lis
         "residual": lambda s, m: Residual(_layers_from_micro(s["layers"], m.block, r, device),
                                           _layers_from_micro(s["shortcut"], m.shortcut, r, device), f, b),
     }
-    return [twin[s["type"]](s, m) for s, m in zip(specs, mlayers)]
+    out = [twin[s["type"]](s, m) for s, m in zip(specs, mlayers)]
+    for t, m in zip(out, mlayers):
+        t.err_bits = m.err_bits
+    return out
 
 
 @dataclass
 class StepResult:
     logits: IntTensor       # int8 logits of the batch
-    error: IntTensor        # int8 dL/dlogits at exponent -7
-    p_q7: torch.Tensor      # integer softmax in Q7
+    error: IntTensor        # dL/dlogits: int8 at exponent -7 (int16 at -15 for a model of 16-bit errors)
+    p_q7: torch.Tensor      # integer softmax in Q7 (Q15 with 16-bit errors)
 
 
 def train_step(model: Sequential, opt, x: IntTensor, y: torch.Tensor) -> StepResult:
     """One integer-only SGD step: forward, softmax-CE gradient, backward, update. No float tensors."""
     logits = model.forward(x)
-    err, p = softmax_cross_entropy_grad(logits, y)
+    err, p = softmax_cross_entropy_grad(logits, y, model.err_bits)
     model.backward(err)
     opt.step()
     return StepResult(logits, err, p)

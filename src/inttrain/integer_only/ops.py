@@ -157,10 +157,11 @@ class TorchOps:
     wide = staticmethod(lambda a: a.to(torch.int64))
     int32 = weight_grad = staticmethod(lambda a: a.to(torch.int32))
     int8 = staticmethod(lambda a: a.to(torch.int8))
+    int16 = staticmethod(lambda a: a.to(torch.int16))
     cast_like = staticmethod(lambda a, ref: a.to(ref.dtype))
     zeros = staticmethod(lambda ref, bits: torch.zeros(ref.shape, dtype=torch.int64 if bits == 64 else torch.int32,
                                                        device=ref.device))
-    zeros_int8 = staticmethod(lambda shape, like: torch.zeros(shape, dtype=torch.int8, device=like.device))
+    zeros_codes = staticmethod(lambda shape, like: torch.zeros(shape, dtype=like.dtype, device=like.device))
     broadcast_to = staticmethod(lambda a, shape: a.expand(shape))
     amax = staticmethod(lambda a, axis, keepdims=False: a.amax(dim=axis, keepdim=keepdims))
     amin = staticmethod(lambda a, axis, keepdims=False: a.amin(dim=axis, keepdim=keepdims))

@@ -35,6 +35,11 @@ def _int8_view_table() -> np.ndarray:
 INT8_VIEW = _int8_view_table()          # 64 KiB: the int8 weight view is one table lookup per weight
 
 
+def gemm_error(g: IntTensor, mode: str, ops: type = NumpyOps) -> IntTensor:
+    """The error as a GEMM operand: int8 codes as they are; wider (16-bit) codes rounded to int8 with ``mode``."""
+    return g if g.q.dtype.itemsize == 1 else ops.requantize(g.q, g.exp, mode)
+
+
 def to_int32(acc: np.ndarray, what: str, bound: int | None = None) -> np.ndarray:
     """An exact accumulator (integer or integer-valued float array) checked against int32 and stored as int32.
 
@@ -112,6 +117,8 @@ class Layer:
     OPS = NumpyOps
     params: list[Param] = []
     need_input_grad = True
+    #: width of the error codes this layer hands back (8, or 16: rounded to int8 only as a GEMM operand)
+    err_bits = 8
 
     def named_params(self, prefix: str) -> list[tuple[str, Param]]:
         """(name, Param) of this layer: ``prefix.weight`` (layers with other parameters override this)."""
@@ -158,12 +165,14 @@ class Linear(Layer):
 
     def backward(self, g: IntTensor) -> IntTensor | None:
         (x, w), (wf, ax, aw) = self.saved, self.gemm_saved
+        g = gemm_error(g, self.bwd_round)
         ag = absmax(g.q)
         self.weight.grad = to_int32(matmul_exact(g.q.T, x.q, ag, ax), "linear weight grad", len(x.q) * ag * ax)
         self.weight.grad_exp = g.exp + x.exp
         if not self.need_input_grad:
             return None
-        return requantize_checked(matmul_exact(g.q, wf, ag, aw), g.exp + w.exp, self.bwd_round, "linear input grad")
+        return requantize_checked(matmul_exact(g.q, wf, ag, aw), g.exp + w.exp, self.bwd_round, "linear input grad",
+                                  self.err_bits)
 
     def out_shape(self, in_shape):
         return (self.out_features,)
@@ -312,6 +321,7 @@ class Conv2d(Layer):
 
     def backward(self, g: IntTensor) -> IntTensor | None:
         x, w, colsf, wf, ax, aw, oh, ow, wp = self.saved
+        g = gemm_error(g, self.bwd_round)
         o, c, k, _ = w.q.shape
         n = g.q.shape[0]
         ag = absmax(g.q)
@@ -338,7 +348,7 @@ class Conv2d(Layer):
             gx = col2im_rows(dcols.astype(at, copy=False), x.q.shape, k, self.padding, oh, wp)
         else:
             gx = col2im_batched(dcols.astype(at, copy=False), x.q.shape, k, s, self.padding, oh, ow)
-        return requantize_checked(gx, g.exp + w.exp, self.bwd_round, "conv input grad")
+        return requantize_checked(gx, g.exp + w.exp, self.bwd_round, "conv input grad", self.err_bits)
 
     def out_shape(self, in_shape):
         c, h, w = in_shape
@@ -465,8 +475,8 @@ class AvgPool2d(Layer):
         if cnt == 1 << t:
             b = ops.IntTensor(g.q, g.exp - t)                  # exact: the same codes, exponent - t
         else:
-            b = ops.requantize(ops.rdiv(ops.wide(g.q) << t, cnt), g.exp - t, self.bwd_round)
-        gx = ops.zeros_int8(self.in_shape, g.q)
+            b = ops.requantize(ops.rdiv(ops.wide(g.q) << t, cnt), g.exp - t, self.bwd_round, self.err_bits)
+        gx = ops.zeros_codes(self.in_shape, b.q)
         win = ops.broadcast_to(b.q.reshape(n, c, oh, 1, ow, 1), (n, c, oh, kh, ow, kw))
         gx[:, :, :oh * kh, :ow * kw] = win.reshape(n, c, oh * kh, ow * kw)
         return ops.IntTensor(gx, b.exp)
@@ -504,7 +514,7 @@ class Flatten(Layer):
 # Residual additions (§4.1) and integer batch normalization (§4.2)
 
 
-def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne", ops: type = NumpyOps) -> IntTensor:
+def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne", ops: type = NumpyOps, bits: int = 8) -> IntTensor:
     """a + b for int8 tensors with different exponents (docs §4.1).
 
     Align to the larger exponent e = max(ea, eb) by a rounding right shift of each operand by
@@ -513,7 +523,7 @@ def add_aligned(a: IntTensor, b: IntTensor, mode: str = "rne", ops: type = Numpy
     """
     e = max(int(a.exp), int(b.exp))
     s = ops.shift_round(a.q, e - int(a.exp), mode) + ops.shift_round(b.q, e - int(b.exp), mode)
-    return ops.requantize(s, e, mode)
+    return ops.requantize(s, e, mode, bits)
 
 
 def run_forward(layers: list[Layer], x: IntTensor) -> IntTensor:
@@ -559,7 +569,7 @@ class Residual(Layer):
         gs = run_backward(self.shortcut, g)
         if not self.need_input_grad:
             return None
-        return add_aligned(gb, gs, self.bwd_round, self.OPS)
+        return add_aligned(gb, gs, self.bwd_round, self.OPS, self.err_bits)
 
     def out_shape(self, in_shape):
         for l in self.block:
@@ -578,6 +588,7 @@ class SequentialCore:
 
     def __init__(self, layers: list[Layer], desc: dict):
         self.layers, self.desc = layers, desc
+        self.err_bits = desc.get("error_bits", 8)   # the loss gradient's width too (softmax_cross_entropy_grad)
         if layers:
             layers[0].need_input_grad = False
 
@@ -603,15 +614,15 @@ BN_MAX_COUNT = INT32_LIMIT // (127 * 128)   # 132104: sum of G << 7 over the bat
 PROJ_CAP = 1 << 21          # |Xh * pg| <= 2**21 = |G << 14| bound: |g8 * h| < 127 * 3 * 2**21 < 2**31 (§4.2)
 
 
-def projection_coefficient(dgamma: np.ndarray, xh: np.ndarray, ops: type = NumpyOps) -> np.ndarray:
-    """pg = rdiv(sum(G Xh) * 2**14, sum(Xh^2)) per channel, capped to |pg| <= PROJ_CAP // max|Xh| (docs §4.2).
+def projection_coefficient(dgamma: np.ndarray, xh: np.ndarray, ops: type = NumpyOps, frac: int = 14) -> np.ndarray:
+    """pg = rdiv(sum(G Xh) * 2**frac, sum(Xh^2)) per channel, capped to |pg| <= PROJ_CAP // max|Xh| (docs §4.2).
 
-    Xh * pg (at eg - 14) is the projection of the error on the normalized input. Float batch norm subtracts
+    Xh * pg (at eg - frac; frac 14 for int8 errors, 6 for 16-bit ones) is the projection of the error on the normalized input. Float batch norm subtracts
     Xh * mean(G Xh) for a unit-variance Xh; this Xh = 128 D / r (in units of 2**-7) has a variance of ~1/144,
     so the projection is divided by sum(Xh^2) instead of M. The cap (rarely reached: only when Xh is concentrated on a few values)
     keeps every term of the input gradient within int32."""
     sxx = ops.sum(xh * xh, 1)
-    pg = ops.rdiv(ops.wide(dgamma) << 14, ops.clip(sxx, 1, None))
+    pg = ops.rdiv(ops.wide(dgamma) << frac, ops.clip(sxx, 1, None))
     cap = PROJ_CAP // ops.clip(ops.amax(abs(xh), 1), 1, None) if xh.shape[1] else ops.zeros(pg, 64)
     return ops.clip(pg, -cap, cap)
 
@@ -687,22 +698,36 @@ class BatchNorm(Layer):
         ex, shape, xh, r, k, g8 = self.saved
         gc = self._cm(g.q)
         m = gc.shape[1]
-        dbeta = ops.check_int32(ops.sum(gc, 1), "batchnorm beta grad")
-        dgamma = ops.check_int32(ops.sum(gc * xh, 1), "batchnorm gamma grad")
-        self.gamma.grad, self.gamma.grad_exp = ops.weight_grad(dgamma), g.exp - 7 + self.gain_shift
-        self.beta.grad, self.beta.grad_exp = ops.weight_grad(dbeta), g.exp
+        wide = g.q.dtype.itemsize == 2
+        if wide:        # 16-bit errors: int64 sums, narrowed to int32 gradients (a rounding shift, rarely taken)
+            dbeta, dgamma = ops.sum(gc, 1), ops.sum(gc * xh, 1)
+            gb32 = ops.requantize(dbeta, g.exp, self.bwd_round, 32)
+            gg32 = ops.requantize(dgamma, g.exp - 7 + self.gain_shift, self.bwd_round, 32)
+            self.beta.grad, self.beta.grad_exp = ops.weight_grad(gb32.q), gb32.exp
+            self.gamma.grad, self.gamma.grad_exp = ops.weight_grad(gg32.q), gg32.exp
+        else:
+            dbeta = ops.check_int32(ops.sum(gc, 1), "batchnorm beta grad")
+            dgamma = ops.check_int32(ops.sum(gc * xh, 1), "batchnorm gamma grad")
+            self.gamma.grad, self.gamma.grad_exp = ops.weight_grad(dgamma), g.exp - 7 + self.gain_shift
+            self.beta.grad, self.beta.grad_exp = ops.weight_grad(dbeta), g.exp
         if not self.need_input_grad:
             return None
-        mb = ops.rdiv(ops.check_int32(dbeta << 7, "batchnorm mean"), m)     # mean(G) at eg - 7
-        pg = projection_coefficient(dgamma, xh, ops)
-        h = (gc << 14) - (mb << 7)[:, None] - xh * pg[:, None]            # at eg - 14
+        # h, the error minus its mean and its projection on Xh, at eg - f: f = 14 for int8 errors, 6 for 16-bit
+        # ones (8 bits fewer of fraction for 8 more of code), so |h| < 3 * 2**21 and g8 * h fits int32 either way
+        f = 6 if wide else 14
+        if wide:
+            mb = ops.rdiv(dbeta << 6, m)                                    # mean(G) at eg - 6
+        else:
+            mb = ops.rdiv(ops.check_int32(dbeta << 7, "batchnorm mean"), m) << 7   # mean(G) at eg - 7, then eg - 14
+        pg = projection_coefficient(dgamma, xh, ops, f)
+        h = (gc << f) - mb[:, None] - xh * pg[:, None]                     # at eg - f
         a = ops.check_int32(ops.wide(g8.q)[:, None] * h, "batchnorm input grad")
         live = r > 0
         kmin = int(k[live].min()) if live.any() else 0
         # dXh/dX = 128 / r: a * 2**(kmin - 1) / r (<= a: r >= 2**(kmin - 1), so int32 holds it; dead channels 0)
         out = ops.shift(a * range_reciprocal(r, kmin + 15, ops)[:, None], 16, self.bwd_round)
-        return ops.requantize(self._uncm(out, shape), g.exp - 14 + g8.exp - ex - kmin + 1 + self.gain_shift,
-                              self.bwd_round)
+        return ops.requantize(self._uncm(out, shape), g.exp - f + g8.exp - ex - kmin + 1 + self.gain_shift,
+                              self.bwd_round, self.err_bits)
 
     def describe(self):
         d = {"type": "batchnorm", "num_features": self.num_features}

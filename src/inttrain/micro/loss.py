@@ -36,8 +36,8 @@ def exp2_q15(t_q8: np.ndarray, ops: type = NumpyOps) -> np.ndarray:
     return q + up
 
 
-def softmax_q7(logits: IntTensor, ops: type = NumpyOps) -> np.ndarray:
-    """Integer softmax of int8 logits (N, C) at exponent e: probabilities in Q7 (sum ~ 128)."""
+def softmax_q(logits: IntTensor, ops: type = NumpyOps, frac: int = 7) -> np.ndarray:
+    """Integer softmax of int8 logits (N, C) at exponent e: probabilities in Q``frac`` (sum ~ 2**frac; 7 or 15)."""
     q = ops.wide(logits.q)
     z = q - ops.amax(q, 1, keepdims=True)         # <= 0, >= -254
     zl = z * LOG2E_Q8
@@ -45,19 +45,28 @@ def softmax_q7(logits: IntTensor, ops: type = NumpyOps) -> np.ndarray:
     t = ops.shift_round(zl, -e, "rne") if e <= 0 else ops.shift_left_saturate(zl, e, limit=-T_MIN)
     big_e = exp2_q15(t, ops)                      # (N, C), the maximum is exactly 32768
     s = ops.sum(big_e, 1, keepdims=True)          # >= 32768
-    return (big_e * 256 + s) // (2 * s)           # round(E * 128 / S), halves up
+    return (big_e * (2 << frac) + s) // (2 * s)   # round(E * 2**frac / S), halves up
 
 
-def softmax_cross_entropy_grad(logits: IntTensor, labels: np.ndarray,
-                               ops: type = NumpyOps) -> tuple[IntTensor, np.ndarray]:
-    """Error dL/dlogits = p - onehot(labels) as int8 codes at exponent -7 (summed loss, no mean).
+def softmax_q7(logits: IntTensor, ops: type = NumpyOps) -> np.ndarray:
+    """Integer softmax of int8 logits (N, C) at exponent e: probabilities in Q7 (sum ~ 128)."""
+    return softmax_q(logits, ops, 7)
 
-    Returns (error, p_q7). Saturation maps -128 (p_y = 0) to -127.
+
+def softmax_cross_entropy_grad(logits: IntTensor, labels: np.ndarray, ops: type = NumpyOps,
+                               bits: int = 8) -> tuple[IntTensor, np.ndarray]:
+    """Error dL/dlogits = p - onehot(labels) (summed loss, no mean) as ``bits``-bit codes: int8 at exponent -7,
+    or int16 at exponent -15 (probabilities below 1/256 then still reach the last layer).
+
+    Returns (error, p in Q7 or Q15). Saturation maps -2**(bits-1) (p_y = 0) to -(2**(bits-1) - 1).
     """
-    p = softmax_q7(logits, ops)
+    frac = bits - 1
+    p = softmax_q(logits, ops, frac)
     err = ops.copy(p)
-    err[ops.arange(len(labels), p), ops.index(labels, p)] -= 128
-    return ops.IntTensor(ops.int8(ops.clip(err, -127, 127)), ERR_EXP), p
+    err[ops.arange(len(labels), p), ops.index(labels, p)] -= 1 << frac
+    top = (1 << frac) - 1
+    codes = ops.clip(err, -top, top)
+    return ops.IntTensor(ops.int8(codes) if bits == 8 else ops.int16(codes), -frac), p
 
 
 def display_loss(logits: IntTensor, labels: np.ndarray) -> float:

@@ -150,7 +150,11 @@ def validate_description(desc: dict, where: str = "model description") -> dict:
                                                          for v in rounding.values()):
         raise MicroFormatError(f"{where}: rounding must map forward/backward/update to one of {ROUNDING_MODES}")
     seed = _int(desc, "seed", 0, 2**32 - 1, where, 0)
-    unknown = set(desc) - {"format", "input_shape", "weight_bits", "rounding", "seed", "layers", "num_classes"}
+    error_bits = desc.get("error_bits", 8)
+    if error_bits not in (8, 16) or isinstance(error_bits, bool):
+        raise MicroFormatError(f"{where}: error_bits must be 8 or 16, got {error_bits!r}")
+    unknown = set(desc) - {"format", "input_shape", "weight_bits", "rounding", "seed", "layers", "num_classes",
+                           "error_bits"}
     if unknown:
         raise MicroFormatError(f"{where}: unknown keys {sorted(unknown)} (a saved model is loaded as a directory)")
     layers = desc.get("layers")
@@ -163,12 +167,15 @@ def validate_description(desc: dict, where: str = "model description") -> dict:
         raise MicroFormatError(f"{where}: num_classes {desc['num_classes']!r} but the layers output {cur[0]}")
     out = {"format": FORMAT, "input_shape": list(shape), "num_classes": cur[0], "weight_bits": bits,
            "rounding": rounding, "seed": seed, "layers": norm}
+    if error_bits == 16:                             # written only when set: older descriptions stay as they were
+        out["error_bits"] = 16
     check_memory(out, 1, where)  # before a single weight is drawn
     return out
 
 
-def build_layers(specs: list[dict], bits: int, r: dict, rng: np.random.Generator) -> list[Layer]:
-    """Layers of validated specs; weights are drawn from ``rng`` layer by layer (residual: block, then shortcut)."""
+def build_layers(specs: list[dict], bits: int, r: dict, rng: np.random.Generator, error_bits: int = 8) -> list[Layer]:
+    """Layers of validated specs; weights are drawn from ``rng`` layer by layer (residual: block, then shortcut).
+    ``error_bits``: the width of the errors every layer hands back (8, or 16: docs §7)."""
     layers: list[Layer] = []
     for s in specs:
         t = s["type"]
@@ -188,10 +195,12 @@ def build_layers(specs: list[dict], bits: int, r: dict, rng: np.random.Generator
         elif t == "batchnorm":
             layers.append(BatchNorm(s["num_features"], bits, r["forward"], r["backward"], s.get("gain_shift", 0)))
         elif t == "residual":
-            block = build_layers(s["layers"], bits, r, rng)
-            layers.append(Residual(block, build_layers(s["shortcut"], bits, r, rng), r["forward"], r["backward"]))
+            block = build_layers(s["layers"], bits, r, rng, error_bits)
+            layers.append(Residual(block, build_layers(s["shortcut"], bits, r, rng, error_bits), r["forward"],
+                                   r["backward"]))
         else:
             layers.append(Flatten())
+        layers[-1].err_bits = error_bits
     return layers
 
 
@@ -241,7 +250,8 @@ def check_memory(desc: dict, batch_size: int, where: str, limit: int | None = No
     """MicroFormatError if the model's parameters and a batch's activations would not fit ``limit`` bytes."""
     limit = memory_limit_bytes() if limit is None else limit
     params, acts, _ = layer_sizes(desc["layers"], tuple(desc["input_shape"]))
-    need = params * PARAM_BYTES + (acts + int(np.prod(desc["input_shape"], dtype=object))) * ACT_BYTES * batch_size
+    per_act = ACT_BYTES + (desc.get("error_bits", 8) == 16)         # a 16-bit error code: one byte more
+    need = params * PARAM_BYTES + (acts + int(np.prod(desc["input_shape"], dtype=object))) * per_act * batch_size
     if need > limit:
         raise MicroFormatError(f"{where}: {params:,} parameters and {acts:,} activations per example at batch "
                                f"{batch_size} need {need / 2**30:.3g} GiB; allowed: at most {limit / 2**30:.3g} GiB "
@@ -305,7 +315,7 @@ class Sequential(SequentialCore):
     def from_description(cls, desc: dict, where: str = "model description") -> "Sequential":
         d = validate_description(desc, where)
         rng = np.random.default_rng(d["seed"])
-        layers = build_layers(d["layers"], d["weight_bits"], d["rounding"], rng)
+        layers = build_layers(d["layers"], d["weight_bits"], d["rounding"], rng, d.get("error_bits", 8))
         return cls(layers, d)
 
     def check_batch(self, batch_size: int) -> None:
@@ -387,7 +397,7 @@ def run_epoch(model: Sequential, opt, x: np.ndarray, x_exp: int, y: np.ndarray, 
         if schedule is not None:
             opt.multiplier = schedule.multiplier(global_step + step)
         logits = model.forward(IntTensor(augment_batch(x[idx], augment, seed, step), x_exp))
-        err, _ = softmax_cross_entropy_grad(logits, y[idx])
+        err, _ = softmax_cross_entropy_grad(logits, y[idx], bits=model.err_bits)
         model.backward(err)
         opt.step()
         loss = display_loss(logits, y[idx])
@@ -486,10 +496,11 @@ def save_model(model: Sequential, out_dir: str | os.PathLike, extra: dict | None
     return write_dir_atomic(out_dir, lambda tmp: write_model_files(model, tmp, extra))
 
 
-def load_model(model_dir: str | os.PathLike, rounding: dict | None = None) -> Sequential:
+def load_model(model_dir: str | os.PathLike, rounding: dict | None = None, error_bits: int | None = None) -> Sequential:
     """Load and validate a saved model: description, parameter formats, shapes, dtypes, code ranges.
 
-    ``rounding``: rounding modes to use instead of the saved ones (keys forward / backward / update)."""
+    ``rounding``: rounding modes to use instead of the saved ones (keys forward / backward / update);
+    ``error_bits``: the backward's error width instead of the saved one (8 or 16)."""
     d = Path(model_dir)
     doc = read_json(d / "model.json")
     params_doc = doc.pop("params", None)
@@ -497,6 +508,8 @@ def load_model(model_dir: str | os.PathLike, rounding: dict | None = None) -> Se
     validate_description(doc, str(d / "model.json"))            # errors name the file
     if rounding:
         doc["rounding"] = {**doc.get("rounding", {}), **rounding}
+    if error_bits is not None:
+        doc["error_bits"] = error_bits
     model = Sequential.from_description(doc)
     tensors, _ = read_safetensors(d / "weights.safetensors")
     return set_params(model, params_doc, tensors, str(d / "model.json"), str(d / "weights.safetensors"))

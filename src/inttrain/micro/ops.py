@@ -282,6 +282,10 @@ class NumpyOps:
         return a.astype(np.int8)
 
     @staticmethod
+    def int16(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int16)
+
+    @staticmethod
     def cast_like(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
         return a.astype(ref.dtype)
 
@@ -295,8 +299,9 @@ class NumpyOps:
         return np.zeros(ref.shape, dtype=np.int64 if bits == 64 else np.int32)
 
     @staticmethod
-    def zeros_int8(shape: tuple[int, ...], like: np.ndarray) -> np.ndarray:
-        return np.zeros(shape, dtype=np.int8)
+    def zeros_codes(shape: tuple[int, ...], like: np.ndarray) -> np.ndarray:
+        """Zero codes of ``like``'s integer type (int8 or int16)."""
+        return np.zeros(shape, dtype=like.dtype)
 
     @staticmethod
     def amax(a: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:

@@ -80,6 +80,13 @@ class IntegerOnlyConfig:
             is a small part of the tensor's has a few levels (after the ResNet-20 run of ``integer-only-bngain``,
             42% of the batch norms' channels had a range under 64 int8 codes).  Bit-exact in micro, this engine
             and the generated C.
+        error_bits: 8, or 16: every layer hands the one before it 16-bit error codes, rounded to int8 only where a
+            convolution's or linear layer's two backward GEMMs take them, and the loss gradient is int16 in Q15
+            (``"error_bits": 16`` in the description).  With 8, each of ResNet-20's ~40 layers requantizes the
+            error to int8 on its way back; on integer-only-bngain's trained weights the first layers' weight
+            gradients then had cosines of 0.28-0.55 with float autograd's, 0.60-0.74 with 16
+            (``benchmarks/integer_only_grad_probe.py``).  Bit-exact in micro and this engine; the generated C
+            refuses it for now.
     """
 
     name = "integer-only"
@@ -99,6 +106,7 @@ class IntegerOnlyConfig:
     seed: int = 0
     bn_gain_shift: int = 3
     bn_input_bits: int = 8
+    error_bits: int = 8
 
     def __post_init__(self) -> None:
         for f in ("forward_rounding", "backward_rounding", "update_rounding"):
@@ -115,7 +123,7 @@ class IntegerOnlyConfig:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ValueError(f"integer-only {f}={v!r}: allowed {'None or ' if optional else ''}{lo}..{hi}")
-        for f in ("weight_bits", "bn_input_bits"):
+        for f in ("weight_bits", "bn_input_bits", "error_bits"):
             if getattr(self, f) not in (8, 16) or isinstance(getattr(self, f), bool):
                 raise ValueError(f"integer-only {f}={getattr(self, f)!r}: allowed 8 or 16")
 
@@ -235,7 +243,8 @@ def describe(model: nn.Module, config: IntegerOnlyConfig, input_shape) -> tuple[
             raise ValueError("input_shape is required unless the first layer is Linear")
         input_shape = [first["in_features"]]
     desc = {"input_shape": [int(d) for d in input_shape], "weight_bits": config.weight_bits,
-            "rounding": config.rounding, "seed": config.seed, "layers": layers}
+            "rounding": config.rounding, "seed": config.seed, "layers": layers,
+            **({"error_bits": 16} if config.error_bits == 16 else {})}
     return desc, tensors
 
 

@@ -170,7 +170,7 @@ def _compare(raw: bytes, model: Sequential, opt: SGD, x: np.ndarray, x_exp: int,
     try:
         for step, b in enumerate(idx, 1):
             logits = model.forward(IntTensor(x[b], x_exp))
-            err, _ = softmax_cross_entropy_grad(logits, y[b])
+            err, _ = softmax_cross_entropy_grad(logits, y[b], bits=model.err_bits)
             model.backward(err)
             opt.step()
             ce = int(take("i4", 1)[0])

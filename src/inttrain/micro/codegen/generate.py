@@ -306,6 +306,9 @@ def generate(model: Sequential, batch_size: int, lr_shift: int, momentum_shift: 
         raise ValueError(f"--lr-shift {lr_shift}: must be in [0, 62]")
     if momentum_shift is not None and not 1 <= momentum_shift <= 16:
         raise ValueError(f"--momentum-shift {momentum_shift}: must be in [1, 16]")
+    if model.err_bits != 8:
+        raise ValueError("codegen: error_bits 16 (16-bit errors between layers) is not in the C runtime yet; "
+                         "train this model with python -m inttrain.micro or inttrain.integer_only")
     model.check_batch(batch_size)
     d = model.desc
     gen = _Gen(model, batch_size, lr_shift, momentum_shift, low_ram)
