@@ -23,7 +23,8 @@ CNN_AVG3_GAP = {"input_shape": [1, 8, 8], "seed": 2, "layers": [
     {"type": "globalavgpool2d"}, {"type": "flatten"}, {"type": "linear", "in_features": 12, "out_features": 10}]}
 
 
-@pytest.mark.parametrize("desc", [CNN_AVG, CNN_AVG3_GAP], ids=["avg2", "avg3-global"])
+@pytest.mark.parametrize("desc", [CNN_AVG, CNN_AVG3_GAP, {**CNN_AVG3_GAP, "error_bits": 16}],
+                         ids=["avg2", "avg3-global", "avg3-global-16bit-errors"])
 def test_avgpool_cnn_lockstep(digits, desc):
     _lockstep(desc, digits, 15, 6)
 

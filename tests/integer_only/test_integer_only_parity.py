@@ -63,10 +63,10 @@ def _lockstep(desc, data, steps, lr_shift, momentum_shift=None, batch=32, schedu
         assert tlog.q.dtype == torch.int8 and mlog.exp == tlog.exp and _eq(tlog.q, mlog.q)
         for ml, tl in gemm_layers:                       # every GEMM layer's forward accumulator
             assert tl.last_acc.dtype == torch.int32 and _eq(tl.last_acc, _micro_acc(ml))
-        merr, mp = M.softmax_cross_entropy_grad(mlog, yb)
-        terr, tp = T.softmax_cross_entropy_grad(tlog, torch.from_numpy(yb))
-        assert _eq(tp, mp) and merr.exp == terr.exp == -7
-        assert terr.q.dtype == torch.int8 and _eq(terr.q, merr.q)
+        merr, mp = M.softmax_cross_entropy_grad(mlog, yb, bits=mm.err_bits)
+        terr, tp = T.softmax_cross_entropy_grad(tlog, torch.from_numpy(yb), tm.err_bits)
+        assert _eq(tp, mp) and merr.exp == terr.exp == 1 - mm.err_bits               # Q7, or Q15 for 16-bit errors
+        assert terr.q.dtype == (torch.int8 if tm.err_bits == 8 else torch.int16) and _eq(terr.q, merr.q)
         assert math.isclose(T.loss.display_loss(tlog, torch.from_numpy(yb)), micro_display_loss(mlog, yb),
                             rel_tol=1e-12, abs_tol=1e-12)
         mm.backward(merr)
@@ -102,6 +102,14 @@ def test_cnn_lockstep_20_steps(digits, desc):
 def test_cnn_hashed_rounding_lockstep(digits):
     """hstoch hashes each value's flat position: the torch engine's convolutions must round at micro's."""
     _lockstep({**CNN2, "rounding": {"forward": "hstoch", "backward": "hstoch", "update": "hstoch"}}, digits, 8, 6)
+
+
+@pytest.mark.parametrize("backward", ["hstoch", "pstoch", "rne"])
+def test_cnn_16bit_errors_lockstep(digits, backward):
+    """error_bits 16 (docs §4.5) with each backward rounding: the int8 GEMM operand is rounded from the 16-bit error
+    at the same positions in both engines."""
+    _lockstep({**CNN2, "error_bits": 16, "rounding": {"forward": "rne", "backward": backward, "update": "pstoch"}},
+              digits, 8, 6)
 
 
 def test_cnn_int8_weights_with_momentum_lockstep(digits):
