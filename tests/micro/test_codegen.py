@@ -45,6 +45,7 @@ PROJ = {"input_shape": [1, 9, 9], "layers": [              # residual first (no 
     {"type": "residual", "layers": [C(1, 4), R], "shortcut": [C(1, 4, k=1, p=0)]}, C(4, 4), R,
     {"type": "residual", "layers": [C(4, 8, s=2), BN(8)], "shortcut": [C(4, 8, k=1, s=2, p=0)]}, R,
     {"type": "globalavgpool2d"}, {"type": "flatten"}, {"type": "linear", "in_features": 8, "out_features": 5}]}
+E16 = lambda desc: {**desc, "error_bits": 16}  # noqa: E731  - 16-bit errors between layers (Q15 loss gradient)
 
 
 def _data(shape, n=30, classes=5, seed=0):
@@ -63,7 +64,13 @@ def _check(desc, steps=5, batch=8, lr=3, mom=None, x_exp=-7, data=None, **kw):
     ("cnn_momentum_low_ram", CNN, 2, True), ("bn_residual", BN_RES, None, False),
     ("bn_residual_low_ram", BN_RES, None, True), ("bn_residual_gain", BN_RES_GAIN, 2, False),
     ("projection", PROJ, 2, False), ("bn_16bit_inputs", BN_WIDE, 2, False),
-    ("bn_16bit_inputs_low_ram", BN_WIDE, None, True)])
+    ("bn_16bit_inputs_low_ram", BN_WIDE, None, True),
+    ("e16_mlp", E16(MLP), None, False), ("e16_mlp_momentum_low_ram", E16(MLP), 2, True),
+    ("e16_cnn", E16(CNN), None, False),
+    ("e16_cnn_momentum_low_ram", E16(CNN), 2, True), ("e16_bn_residual", E16(BN_RES), None, False),
+    ("e16_bn_residual_momentum_low_ram", E16(BN_RES), 2, True), ("e16_bn_residual_gain", E16(BN_RES_GAIN), 2, False),
+    ("e16_projection", E16(PROJ), 2, False), ("e16_projection_low_ram", E16(PROJ), None, True),
+    ("e16_bn_16bit_inputs", E16(BN_WIDE), 2, False), ("e16_bn_16bit_inputs_low_ram", E16(BN_WIDE), None, True)])
 def test_codegen_bit_exact(name, desc, mom, low_ram):
     r = _check(desc, mom=mom, low_ram=low_ram)
     assert r.ok, r.message
@@ -89,13 +96,18 @@ def test_codegen_other_roundings_int8_weights_constant_channel():
 @needs_cc
 @pytest.mark.parametrize("name,desc,low_ram", [
     ("cnn", CNN, False), ("cnn_low_ram", CNN, True), ("bn_residual", BN_RES, False),
-    ("bn_residual_low_ram", BN_RES, True), ("projection", PROJ, False), ("bn_16bit_inputs_low_ram", BN_WIDE, True)])
+    ("bn_residual_low_ram", BN_RES, True), ("projection", PROJ, False), ("bn_16bit_inputs_low_ram", BN_WIDE, True),
+    ("e16_mlp", E16(MLP), False), ("e16_cnn_low_ram", E16(CNN), True), ("e16_bn_residual", E16(BN_RES), False),
+    ("e16_bn_residual_low_ram", E16(BN_RES), True), ("e16_projection", E16(PROJ), False),
+    ("e16_bn_16bit_inputs", E16(BN_WIDE), False), ("e16_bn_16bit_inputs_low_ram", E16(BN_WIDE), True)])
 def test_codegen_hashed_rounding_bit_exact(name, desc, low_ram):
     """hstoch everywhere: the C runtime hashes each value with the position the NumPy engine rounds it at (the
     channel-major batch-norm arrays, the non-power-of-two average pool's error, requantizing without an
-    accumulator, the weight updates), so the two agree bit for bit."""
+    accumulator, the weight updates; with 16-bit errors also the int8 GEMM operand a linear or conv layer rounds
+    its error to), so the two agree bit for bit."""
     desc = {**desc, "rounding": {"forward": "hstoch", "backward": "hstoch", "update": "hstoch"}}
-    r = _check(desc, steps=6, mom=2 if name == "projection" else None, low_ram=low_ram)
+    r = _check(desc, steps=6, mom=2 if name.endswith("projection") or name.endswith("16bit_inputs") else None,
+               low_ram=low_ram)
     assert r.ok, r.message
     assert r.changed > 0
 
@@ -123,6 +135,65 @@ def test_codegen_check_names_first_difference(monkeypatch, old, new, pattern):
     assert not r.ok and re.fullmatch(pattern, r.message), r.message
 
 
+@needs_cc
+@pytest.mark.parametrize("backward", ["rne", "hstoch"])
+def test_codegen_16bit_errors_narrow_batchnorm_gradients(monkeypatch, backward):
+    """With 16-bit errors a batch norm sums its gamma and beta gradients in int64 and narrows each channel vector
+    to int32 by a rounding shift (docs §4.2). Here (M = 2048 x 64 values per channel, every error +-32258 and of
+    the sign of its sample's offset) both shifts are taken at step 1, and C and micro still agree bit for bit."""
+    from inttrain.micro.layers import BatchNorm
+
+    shifts = []
+    real = BatchNorm.backward
+
+    def recording(self, g):
+        out = real(self, g)
+        shifts.append((self.beta.grad_exp - g.exp, self.gamma.grad_exp - (g.exp - 7 + self.gain_shift)))
+        return out
+
+    monkeypatch.setattr(BatchNorm, "backward", recording)
+    desc = {"input_shape": [2, 8, 8], "error_bits": 16, "rounding": {"forward": "rne", "backward": backward,
+                                                                     "update": "pstoch"},
+            "layers": [BN(2), {"type": "flatten"}, {"type": "linear", "in_features": 128, "out_features": 2}]}
+
+    def load():
+        m = Sequential.from_description(desc)
+        m.layers[-1].weight.acc[:] = [[32512] * 128, [-32512] * 128]    # int8 views +-127: logits +-127 sum(x)
+        return m
+
+    rng = np.random.default_rng(0)
+    n = 2048
+    pos = rng.random(n) < 0.9                   # 90% positive offsets labelled 1: every prediction wrong at first
+    x = (rng.integers(-60, 61, size=(n, 2, 8, 8)) + np.where(pos, 50, -50)[:, None, None, None]).astype(np.int8)
+    r = run_check(load, x, -7, pos.astype(np.int64), 3, n, 12)
+    assert r.ok, r.message
+    assert r.changed > 0
+    assert shifts[0][0] > 0 and shifts[0][1] > 0, shifts
+
+
+def test_codegen_16bit_error_buffers_take_two_bytes():
+    """error_bits 16: every error buffer (the loss error, the pool of error slots) is int16, 2 bytes an element,
+    plus one int8 scratch for the GEMM operand; activations and the int32 scratch stay as they were."""
+    m8, m16 = Sequential.from_description(MLP), Sequential.from_description(E16(MLP))
+    g8, g16 = generate(m8, 4, 3), generate(m16, 4, 3)
+    assert "#define IT_ERROR_BITS 8" in g8.files["model_config.h"]
+    assert "#define IT_ERROR_BITS 16" in g16.files["model_config.h"]
+    for g in (g8, g16):
+        c = g.files["model.c"]
+        assert "static it_ecode_t it_err[20];" in c and "static it_ecode_t it_g0[48];" in c
+    assert "it_err8" not in g8.files["model.c"] and "static int8_t it_err8[48];" in g16.files["model.c"]
+    assert "it_err_e = -7;" in g8.files["model.c"] and "it_err_e = -15;" in g16.files["model.c"]
+    # errors 4x5 (loss) + 4x12 (one slot), now 2 bytes each, and the int8 operand scratch 4x12 (the largest output)
+    assert g16.buffer_bytes - g8.buffer_bytes == (20 + 48) + 48
+    # BN_WIDE: int16 convolution outputs and uint16 ranges count 2 bytes, int32 scratch 4
+    w = generate(Sequential.from_description(BN_WIDE), 2, 3)
+    sizes = {"int8_t": 1, "uint8_t": 1, "int16_t": 2, "uint16_t": 2, "it_ecode_t": 1}
+    decl = re.findall(r"static (int8_t|uint8_t|int16_t|uint16_t|it_ecode_t|int32_t) (it_\w+|L\w+)\[(\d+)\];",
+                      w.files["model.c"])
+    assert w.buffer_bytes == sum(int(c) * sizes.get(t, 4) for t, _, c in decl)
+    assert any(t == "int16_t" for t, _, _ in decl) and any(t == "uint16_t" for t, _, _ in decl)
+
+
 def test_low_ram_drops_the_forward_accumulators():
     """LeNet-5 at batch 8: the int32 accumulator of the first convolution (8 x 6 x 28 x 28) is the largest buffer;
     --low-ram leaves only the backward's (the second convolution's input error, 8 x 6 x 14 x 14)."""
@@ -138,13 +209,14 @@ def test_low_ram_drops_the_forward_accumulators():
 
 def test_generated_code_is_freestanding():
     """No float, no malloc or stdio; only <stdint.h> and <string.h>; buffers are static arrays."""
-    files = generate(Sequential.from_description(BN_RES), 4, 5, 2).files
-    for name in ("model.c", "model.h", "inttrain_rt.c", "inttrain_rt.h", "model_config.h"):
-        text = re.sub(r"/\*.*?\*/", "", files[name], flags=re.S)
-        assert not re.search(r"\b(float|double|malloc|calloc|free|printf|FILE)\b", text), name
-        assert set(re.findall(r"#include\s*<([^>]+)>", text)) <= {"stdint.h", "string.h"}, name
-    assert "static int8_t L0_y[2048];" in files["model.c"]          # 4 samples x 8 x 8 x 8 codes, sized here
-    assert '{"layers.3.block.0.weight", P3, 576u, ' in files["model.c"]
+    for desc in (BN_RES, E16(BN_RES)):
+        files = generate(Sequential.from_description(desc), 4, 5, 2).files
+        for name in ("model.c", "model.h", "inttrain_rt.c", "inttrain_rt.h", "model_config.h"):
+            text = re.sub(r"/\*.*?\*/", "", files[name], flags=re.S)
+            assert not re.search(r"\b(float|double|malloc|calloc|free|printf|FILE)\b", text), name
+            assert set(re.findall(r"#include\s*<([^>]+)>", text)) <= {"stdint.h", "string.h"}, name
+        assert "static int8_t L0_y[2048];" in files["model.c"]          # 4 samples x 8 x 8 x 8 codes, sized here
+        assert '{"layers.3.block.0.weight", P3, 576u, ' in files["model.c"]
 
 
 @needs_cc
@@ -181,8 +253,6 @@ def test_cli_codegen_writes_sources(tmp_path, capsys):
     (MLP, ["--batch-size", "0"], "error: --batch-size 0: must be in [1, 65536]"),
     (MLP, ["--lr-shift", "63"], "error: --lr-shift 63: must be in [0, 62]"),
     (MLP, ["--momentum-shift", "17"], "error: --momentum-shift 17: must be in [1, 16]"),
-    ({**MLP, "error_bits": 16}, [], "error: codegen: error_bits 16 (16-bit errors between layers) is not in the C "
-     "runtime yet; train this model with python -m inttrain.micro or inttrain.integer_only"),
 ])
 def test_cli_codegen_refuses_bad_input(tmp_path, capsys, desc, args, message):
     (tmp_path / "m.json").write_text(json.dumps(desc))
@@ -285,12 +355,16 @@ def _random_description(rng) -> dict:
 
 @needs_cc
 @pytest.mark.slow
+@pytest.mark.parametrize("error_bits", [8, 16])
 @pytest.mark.parametrize("trial", range(40))
-def test_codegen_bit_exact_random_networks(trial):
+def test_codegen_bit_exact_random_networks(trial, error_bits):
     """Random small networks, data (sometimes one repeated sample), exponents, batch sizes, learning rates
-    (2**0: saturating updates) and momentum, with and without --low-ram: C and micro identical."""
+    (2**0: saturating updates) and momentum, with and without --low-ram, with 8- and 16-bit errors between
+    layers (the same network, data and settings for both): C and micro identical."""
     rng = np.random.default_rng(1000 + trial)
     desc = _random_description(rng)
+    if error_bits == 16:
+        desc["error_bits"] = 16
     n, batch = int(rng.integers(3, 25)), int(rng.integers(1, 9))
     x = rng.integers(-127, 128, size=(n, *desc["input_shape"])).astype(np.int8)
     if rng.random() < 0.3:

@@ -85,8 +85,7 @@ class IntegerOnlyConfig:
             (``"error_bits": 16`` in the description).  With 8, each of ResNet-20's ~40 layers requantizes the
             error to int8 on its way back; on integer-only-bngain's trained weights the first layers' weight
             gradients then had cosines of 0.28-0.55 with float autograd's, 0.60-0.74 with 16
-            (``benchmarks/integer_only_grad_probe.py``).  Bit-exact in micro and this engine; the generated C
-            refuses it for now.
+            (``benchmarks/integer_only_grad_probe.py``).  Bit-exact in micro, this engine and the generated C.
     """
 
     name = "integer-only"

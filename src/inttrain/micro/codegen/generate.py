@@ -6,8 +6,10 @@ micro's layers) and the generated model (``model_config.h``, ``model.h``, ``mode
 initial master codes as const tables and one straight-line forward and backward that call the runtime with
 constant shapes. Buffer plan: each layer output has its own int8 buffer (the
 backward needs every saved activation; a ReLU masks its producer's output in place when nothing else reads it);
-input errors share a pool of slots reused once consumed (a residual keeps its incoming error while both branches
-run; a ReLU masks an error it owns in place); one
+input errors (``it_ecode_t``: int8, or int16 for a model with ``error_bits`` 16) share a pool of slots reused
+once consumed (a residual keeps its incoming error while both branches run; a ReLU masks an error it owns in
+place); with 16-bit errors, one int8 scratch buffer holds the error a linear or conv layer rounds to int8 for its
+two backward GEMMs; one
 int32 scratch accumulator is shared by all GEMMs and requantizations; weight gradients are never stored (each
 is applied to its weight as soon as it is summed, after the layer's input error was formed with the old weight).
 """
@@ -28,6 +30,7 @@ from ..model import Sequential
 MODES = {"rne": "IT_RNE", "pstoch": "IT_PSTOCH", "floor": "IT_FLOOR", "hstoch": "IT_HSTOCH"}
 RUNTIME_FILES = ("inttrain_rt.h", "inttrain_rt.c")
 MAX_BUFFER = (1 << 31) - 1          # element counts and indices are uint32 in the runtime
+CTYPE_BYTES = {"int8_t": 1, "uint8_t": 1, "int16_t": 2, "uint16_t": 2, "int32_t": 4, "uint32_t": 4}
 
 
 @dataclass
@@ -83,6 +86,8 @@ class _Gen:
         self.busy: set[int] = set()
         self.pnames = {id(p): (n, f"P{i}") for i, (n, p) in enumerate(model.named_params())}
         self.wide: set[str] = set()                     # buffers of 16-bit codes (conv2d out_bits 16)
+        self.err_bits = model.err_bits                  # error codes: it_ecode_t, int8 or int16 (error_bits 16)
+        self.g8 = 0                                     # int8 scratch for a 16-bit error as a GEMM operand
 
     def buf(self, ctype: str, name: str, count: int) -> str:
         if count > MAX_BUFFER:
@@ -235,7 +240,8 @@ class _Gen:
             if not need:
                 return None
             gx, gxe = self._gx(nd)
-            self.bwd.append(f"{gxe} = it_add_aligned({gb[0]}, {gb[1]}, {gs[0]}, {gs[1]}, n * {n_in}u, it_acc, {gx}, {self.bmode});")
+            self.bwd.append(f"{gxe} = it_add_aligned_bwd({gb[0]}, {gb[1]}, {gs[0]}, {gs[1]}, n * {n_in}u, it_acc, {gx}, "
+                            f"{self.bmode});")
             for name, _, own in (gb, gs):
                 if own:
                     self.release(name)
@@ -243,6 +249,11 @@ class _Gen:
         if isinstance(L, (Linear, Conv2d)):
             w, mom, e = self.param(L.weight)
             out = None
+            if self.err_bits == 16:                     # micro's gemm_error: the int8 operand of both GEMMs
+                self.g8 = max(self.g8, self.batch * n_out)
+                g8e = self.exp(f"L{p}_g8e")
+                self.bwd.append(f"{g8e} = it_error_int8({g}, {ge}, n * {n_out}u, it_err8, {self.bmode});")
+                g, ge = "it_err8", g8e
             if need:
                 gx, gxe = out = self._gx(nd)
                 self.need_acc(self.batch * n_in)
@@ -306,38 +317,39 @@ def generate(model: Sequential, batch_size: int, lr_shift: int, momentum_shift: 
         raise ValueError(f"--lr-shift {lr_shift}: must be in [0, 62]")
     if momentum_shift is not None and not 1 <= momentum_shift <= 16:
         raise ValueError(f"--momentum-shift {momentum_shift}: must be in [1, 16]")
-    if model.err_bits != 8:
-        raise ValueError("codegen: error_bits 16 (16-bit errors between layers) is not in the C runtime yet; "
-                         "train this model with python -m inttrain.micro or inttrain.integer_only")
     model.check_batch(batch_size)
     d = model.desc
     gen = _Gen(model, batch_size, lr_shift, momentum_shift, low_ram)
     in_shape = tuple(d["input_shape"])
     nodes, out, out_exp, _ = gen.forward(model.layers, "it_x", "it_xe", in_shape, "")
     classes = d["num_classes"]
-    err = gen.buf("int8_t", "it_err", batch_size * classes)
+    err = gen.buf("it_ecode_t", "it_err", batch_size * classes)
     gen.backward(nodes, err, "it_err_e", False)
     named = model.named_params()
     bits = d["weight_bits"]
     wsize = 2 if bits == 16 else 1
     params_c, table, init = _params_c(named, bits, momentum_shift is not None)
-    gen.bufs += [("int8_t", f"it_g{i}", c) for i, c in enumerate(gen.slots)]
+    gen.bufs += [("it_ecode_t", f"it_g{i}", c) for i, c in enumerate(gen.slots)]
+    if gen.g8:
+        gen.bufs.append(("int8_t", "it_err8", gen.g8))
     buffers = [f"static {t} {n}[{c}];" if t else n for t, n, c in gen.bufs]
     buffers.append(f"static int32_t it_acc[{gen.acc}];")
-    buffer_bytes = sum(c * (1 if t in ("int8_t", "uint8_t") else 4) for t, _, c in gen.bufs if t) + 4 * gen.acc
+    sizes = {**CTYPE_BYTES, "it_ecode_t": gen.err_bits // 8}
+    buffer_bytes = sum(c * sizes[t] for t, _, c in gen.bufs if t) + 4 * gen.acc
     n_params = sum(p.acc.size for _, p in named)
     param_bytes = n_params * (wsize + (4 if momentum_shift else 0))
     source = source.replace("*/", "* /").replace("\n", " ")     # it goes into a C comment
     consts = {"batch": batch_size, "insize": _numel(in_shape), "classes": classes, "nparams": len(named)}
     files = {name: resources.files(__package__).joinpath(name).read_text() for name in RUNTIME_FILES}
     files["model_config.h"] = (f"/* generated by inttrain.micro codegen */\n#ifndef MODEL_CONFIG_H\n#define MODEL_CONFIG_H\n"
-                               f"#define IT_WEIGHT_BITS {bits}\n#endif\n")
+                               f"#define IT_WEIGHT_BITS {bits}\n#define IT_ERROR_BITS {gen.err_bits}\n#endif\n")
     files["model.h"] = _MODEL_H.format(**consts, source=source, desc=json.dumps(_short_desc(d)))
     files["model.c"] = _MODEL_C.format(
         **consts, source=source, lr_shift=lr_shift, mshift=momentum_shift or 0,
         exps="\n".join(f"static int32_t {e};" for e in ["it_xe", "it_err_e", *gen.exps]),
         buffers="\n".join(buffers), params="\n".join(params_c), table="\n".join(table) or "    {0, 0, 0, 0, 0},",
-        init="\n".join(init), forward="\n    ".join(gen.fwd), backward="\n    ".join(gen.bwd), out=out, out_exp=out_exp)
+        init="\n".join(init), forward="\n    ".join(gen.fwd), backward="\n    ".join(gen.bwd), out=out, out_exp=out_exp,
+        err_exp=1 - gen.err_bits)
     return GeneratedModel(files, buffer_bytes, param_bytes, n_params * wsize)
 
 
@@ -357,7 +369,7 @@ def _params_c(named: list, bits: int, momentum: bool) -> tuple[list[str], list[s
 
 
 def _short_desc(d: dict) -> dict:
-    return {k: d[k] for k in ("input_shape", "weight_bits", "rounding")}
+    return {k: d[k] for k in ("input_shape", "weight_bits", "rounding", "error_bits") if k in d}
 
 
 _MODEL_H = """/* generated by inttrain.micro codegen from {source}; do not edit.
@@ -457,7 +469,7 @@ int model_train_step(const int8_t *x, int32_t x_exp, const int32_t *labels, uint
     it_xe = x_exp;
     forward(n);
     it_softmax_xent_grad({out}, {out_exp}, labels, n, MODEL_NUM_CLASSES, it_err);
-    it_err_e = -7;
+    it_err_e = {err_exp};
     backward(n);
     return 0;
 }}

@@ -112,6 +112,58 @@ int32_t it_requant32(const int32_t *acc, uint32_t n, int8_t *out, int32_t exp, i
     return exp + s;
 }
 
+#if IT_ERROR_BITS == 16
+static int32_t requant_shift_e(uint64_t m)
+{
+    return requant_shift16(m);
+}
+#else
+static int32_t requant_shift_e(uint64_t m)
+{
+    return requant_shift(m);
+}
+#endif
+
+int32_t it_requant32e(const int32_t *acc, uint32_t n, it_ecode_t *out, int32_t exp, int mode)
+{
+#if IT_ERROR_BITS == 16
+    uint64_t m = 0;
+    uint32_t i;
+    int32_t s;
+    for (i = 0; i < n; i++) {
+        uint64_t a = acc[i] < 0 ? (uint64_t)(-(int64_t)acc[i]) : (uint64_t)acc[i];
+        if (a > m)
+            m = a;
+    }
+    s = requant_shift16(m);
+    for (i = 0; i < n; i++) {
+        int64_t v = it_shift_round(acc[i], s, mode, i);
+        out[i] = (it_ecode_t)IT_CLAMP(v, -IT_EMAX, IT_EMAX);
+    }
+    return exp + s;
+#else
+    return it_requant32(acc, n, out, exp, mode);
+#endif
+}
+
+int32_t it_error_int8(const it_ecode_t *g, int32_t ge, uint32_t len, int8_t *g8, int mode)
+{
+    uint64_t m = 0;
+    uint32_t i;
+    int32_t s;
+    for (i = 0; i < len; i++) {
+        uint64_t a = (uint64_t)(g[i] < 0 ? -(int32_t)g[i] : (int32_t)g[i]);
+        if (a > m)
+            m = a;
+    }
+    s = requant_shift(m);                        /* micro's gemm_error: requantize(g, ge, mode) to 8 bits */
+    for (i = 0; i < len; i++) {
+        int64_t v = it_shift_round(g[i], s, mode, i);
+        g8[i] = (int8_t)IT_CLAMP(v, -127, 127);
+    }
+    return ge + s;
+}
+
 void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, int32_t mshift, uint32_t at)
 {
     int64_t u = it_shift(grad, s, mode, at), v;
@@ -174,7 +226,7 @@ int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t 
 }
 
 int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
-                            uint32_t out, int32_t *acc, int8_t *gx, int mode)
+                            uint32_t out, int32_t *acc, it_ecode_t *gx, int mode)
 {
     uint32_t b, o, i;
     memset(acc, 0, sizeof(int32_t) * n * in);
@@ -185,7 +237,7 @@ int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, in
                 for (b = 0; b < n; b++)
                     acc[b * in + i] += g[b * out + o] * wv;
         }
-    return it_requant32(acc, n * in, gx, ge + we8, mode);
+    return it_requant32e(acc, n * in, gx, ge + we8, mode);
 }
 
 void it_linear_bwd_update(const int8_t *g, int32_t ge, const int8_t *x, int32_t xe, it_wcode_t *w, int32_t *mom,
@@ -327,11 +379,11 @@ int32_t it_conv_fwd16(const it_conv_t *cv, const int8_t *x, int32_t xe, const it
 }
 
 int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8,
-                          uint32_t n, int32_t *acc, int8_t *gx, int mode)
+                          uint32_t n, int32_t *acc, it_ecode_t *gx, int mode)
 {
     memset(acc, 0, sizeof(int32_t) * n * cv->c * cv->h * cv->w);
     conv_scatter(cv, g, w, n, acc, 1);
-    return it_requant32(acc, n * cv->c * cv->h * cv->w, gx, ge + we8, mode);
+    return it_requant32e(acc, n * cv->c * cv->h * cv->w, gx, ge + we8, mode);
 }
 
 void it_conv_bwd_update(const it_conv_t *cv, const int8_t *g, int32_t ge, const int8_t *x, int32_t xe, it_wcode_t *w,
@@ -369,7 +421,7 @@ void it_relu_fwd(const int8_t *x, uint32_t len, int8_t *y)
         y[i] = x[i] > 0 ? x[i] : 0;
 }
 
-void it_relu_bwd(const int8_t *y, const int8_t *g, uint32_t len, int8_t *gx)
+void it_relu_bwd(const int8_t *y, const it_ecode_t *g, uint32_t len, it_ecode_t *gx)
 {
     uint32_t i;
     for (i = 0; i < len; i++)
@@ -396,11 +448,11 @@ void it_maxpool_fwd(const int8_t *x, uint32_t planes, uint32_t h, uint32_t w, ui
             }
 }
 
-void it_maxpool_bwd(const int8_t *g, const uint8_t *arg, uint32_t planes, uint32_t h, uint32_t w, uint32_t k,
-                    int8_t *gx)
+void it_maxpool_bwd(const it_ecode_t *g, const uint8_t *arg, uint32_t planes, uint32_t h, uint32_t w, uint32_t k,
+                    it_ecode_t *gx)
 {
     uint32_t p, a, d, oh = h / k, ow = w / k;
-    memset(gx, 0, (size_t)planes * h * w);
+    memset(gx, 0, sizeof(it_ecode_t) * planes * h * w);
     for (p = 0; p < planes; p++)
         for (a = 0; a < oh; a++)
             for (d = 0; d < ow; d++) {
@@ -427,8 +479,8 @@ int32_t it_avgpool_fwd(const int8_t *x, int32_t xe, uint32_t planes, uint32_t h,
     return it_requant32(acc, planes * oh * ow, y, xe - t, mode);
 }
 
-int32_t it_avgpool_bwd(const int8_t *g, int32_t ge, uint32_t planes, uint32_t h, uint32_t w, uint32_t kh, uint32_t kw,
-                       int8_t *gx, int mode)
+int32_t it_avgpool_bwd(const it_ecode_t *g, int32_t ge, uint32_t planes, uint32_t h, uint32_t w, uint32_t kh,
+                       uint32_t kw, it_ecode_t *gx, int mode)
 {
     uint32_t p, a, d, i, j, oh = h / kh, ow = w / kw, cnt = kh * kw, len = planes * oh * ow;
     int32_t t = it_bitlen(cnt - 1), s = 0;
@@ -441,20 +493,20 @@ int32_t it_avgpool_bwd(const int8_t *g, int32_t ge, uint32_t planes, uint32_t h,
             if (av > m)
                 m = av;
         }
-        s = requant_shift(m);
+        s = requant_shift_e(m);
     }
-    memset(gx, 0, (size_t)planes * h * w);
+    memset(gx, 0, sizeof(it_ecode_t) * planes * h * w);
     for (p = 0; p < planes; p++)
         for (a = 0; a < oh; a++)
             for (d = 0; d < ow; d++) {
                 int64_t v = g[(p * oh + a) * ow + d];
                 if (!pow2) {
                     v = it_shift_round(it_rdiv(v * ((int64_t)1 << t), cnt), s, mode, (p * oh + a) * ow + d);
-                    v = IT_CLAMP(v, -127, 127);
+                    v = IT_CLAMP(v, -IT_EMAX, IT_EMAX);
                 }
                 for (i = 0; i < kh; i++)
                     for (j = 0; j < kw; j++)
-                        gx[p * h * w + (a * kh + i) * w + d * kw + j] = (int8_t)v;
+                        gx[p * h * w + (a * kh + i) * w + d * kw + j] = (it_ecode_t)v;
             }
     return ge - t + s;
 }
@@ -467,6 +519,16 @@ int32_t it_add_aligned(const int8_t *a, int32_t ea, const int8_t *b, int32_t eb,
     for (i = 0; i < len; i++)
         acc[i] = (int32_t)(it_shift_round(a[i], e - ea, mode, i) + it_shift_round(b[i], e - eb, mode, i));
     return it_requant32(acc, len, y, e, mode);
+}
+
+int32_t it_add_aligned_bwd(const it_ecode_t *a, int32_t ea, const it_ecode_t *b, int32_t eb, uint32_t len,
+                           int32_t *acc, it_ecode_t *y, int mode)
+{
+    uint32_t i;
+    int32_t e = ea > eb ? ea : eb;
+    for (i = 0; i < len; i++)
+        acc[i] = (int32_t)(it_shift_round(a[i], e - ea, mode, i) + it_shift_round(b[i], e - eb, mode, i));
+    return it_requant32e(acc, len, y, e, mode);
 }
 
 /* rdiv(2**shift, r): the fixed-point reciprocal of a channel's range (0 for a dead channel, r == 0), §4.2 */
@@ -524,32 +586,79 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, const int16_t *x16, uint32
     return eo + s;
 }
 
-int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, uint32_t n, const int8_t *xh,
+/* the gradient sums of channel c: sum G, sum G Xh, sum Xh^2, max |Xh| */
+static void bn_sums(const it_bn_t *bn, const it_ecode_t *g, const int8_t *xh, uint32_t n, uint32_t c, int64_t *dbeta,
+                    int64_t *dgamma, int64_t *sxx, int64_t *amx)
+{
+    uint32_t b, j, hw = bn->hw;
+    *dbeta = *dgamma = *sxx = *amx = 0;
+    for (b = 0; b < n; b++)
+        for (j = 0; j < hw; j++) {
+            uint32_t at = (b * bn->c + c) * hw + j;
+            *dbeta += g[at];
+            *dgamma += (int64_t)g[at] * xh[at];
+            *sxx += (int64_t)xh[at] * xh[at];
+            if (xh[at] > *amx || -xh[at] > *amx)
+                *amx = xh[at] > 0 ? xh[at] : -xh[at];
+        }
+}
+
+#if IT_ERROR_BITS == 16
+/* the shift that narrows a channel vector of int64 gradient sums to int32 (micro: requantize(sum, e, mode, 32)) */
+static int32_t narrow_shift(uint64_t m)
+{
+    int32_t s = it_bitlen(m) - 31;
+    return s > 0 ? s : 0;
+}
+
+static int64_t narrow(int64_t v, int32_t s, int mode, uint32_t at)
+{
+    v = it_shift_round(v, s, mode, at);
+    return IT_CLAMP(v, -(int64_t)IT_I32_MAX, (int64_t)IT_I32_MAX);
+}
+#endif
+
+int32_t it_bn_bwd(const it_bn_t *bn, const it_ecode_t *g, int32_t ge, int32_t xe, uint32_t n, const int8_t *xh,
                   const uint16_t *range, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
-                  it_wcode_t *beta, int32_t *bmom, int32_t bexp, int32_t *acc, int8_t *gx, int32_t lr_shift,
+                  it_wcode_t *beta, int32_t *bmom, int32_t bexp, int32_t *acc, it_ecode_t *gx, int32_t lr_shift,
                   int bwd_mode, int upd_mode, int32_t mshift)
 {
     uint32_t c, b, j, hw = bn->hw, m_count = n * hw;
     int32_t kmin = 0, any = 0;
+#if IT_ERROR_BITS == 16
+    /* 16-bit errors: the sums are int64, narrowed to int32 gradients by one shift per vector (rarely non-zero),
+     * and h keeps 6 bits of fraction instead of 14 (spec §4.2) */
+    const int32_t frac = 6;
+    int32_t sb, sg;
+    uint64_t mbeta = 0, mgamma = 0;
+    for (c = 0; c < bn->c; c++) {
+        int64_t dbeta, dgamma, sxx, amx;
+        bn_sums(bn, g, xh, n, c, &dbeta, &dgamma, &sxx, &amx);
+        dbeta = dbeta < 0 ? -dbeta : dbeta;
+        dgamma = dgamma < 0 ? -dgamma : dgamma;
+        mbeta = (uint64_t)dbeta > mbeta ? (uint64_t)dbeta : mbeta;
+        mgamma = (uint64_t)dgamma > mgamma ? (uint64_t)dgamma : mgamma;
+    }
+    sb = narrow_shift(mbeta);
+    sg = narrow_shift(mgamma);
+#else
+    const int32_t frac = 14;
+#endif
     for (c = 0; c < bn->c; c++)
         if (live[c] && (!any || it_bitlen(range[c]) < kmin)) {
             kmin = it_bitlen(range[c]);
             any = 1;
         }
     for (c = 0; c < bn->c; c++) {
-        int64_t dbeta = 0, dgamma = 0, sxx = 0, amx = 0;
-        for (b = 0; b < n; b++)
-            for (j = 0; j < hw; j++) {
-                uint32_t at = (b * bn->c + c) * hw + j;
-                dbeta += g[at];
-                dgamma += (int64_t)g[at] * xh[at];
-                sxx += (int64_t)xh[at] * xh[at];
-                if (xh[at] > amx || -xh[at] > amx)
-                    amx = xh[at] > 0 ? xh[at] : -xh[at];
-            }
+        int64_t dbeta, dgamma, sxx, amx;
+        bn_sums(bn, g, xh, n, c, &dbeta, &dgamma, &sxx, &amx);
         if (gx) {                                /* uses gamma before its update, as the forward did */
-            /* projection of G on Xh: rdiv(sum(G Xh) 2^14, sum(Xh^2)), capped to 2^21 / max|Xh| (spec §4.2) */
-            int64_t mb = it_rdiv(dbeta * 128, m_count), pg = it_rdiv(dgamma * 16384, sxx > 0 ? sxx : 1);
+            /* projection of G on Xh: rdiv(sum(G Xh) 2^frac, sum(Xh^2)), capped to 2^21 / max|Xh| (spec §4.2) */
+#if IT_ERROR_BITS == 16
+            int64_t mb = it_rdiv(dbeta * 64, m_count), pg = it_rdiv(dgamma * 64, sxx > 0 ? sxx : 1);
+#else
+            int64_t mb = it_rdiv(dbeta * 128, m_count) * 128, pg = it_rdiv(dgamma * 16384, sxx > 0 ? sxx : 1);
+#endif
             int64_t cap = ((int64_t)1 << 21) / (amx > 0 ? amx : 1);
             int32_t g8 = it_w8(gamma[c]);
             int64_t f = range_reciprocal(range[c], kmin + 15);    /* 2**(kmin - 1) / r <= 1 in Q16 */
@@ -557,18 +666,25 @@ int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, ui
             for (b = 0; b < n; b++)
                 for (j = 0; j < hw; j++) {
                     uint32_t at = (b * bn->c + c) * hw + j;
-                    int64_t h = (int64_t)g[at] * 16384 - mb * 128 - (int64_t)xh[at] * pg;
+                    int64_t h = (int64_t)g[at] * ((int64_t)1 << frac) - mb - (int64_t)xh[at] * pg;
                     acc[at] = (int32_t)it_shift_round(g8 * h * f, 16, bwd_mode, c * m_count + b * hw + j);  /* f = 0: dead */
                 }
         }
+#if IT_ERROR_BITS == 16
+        it_update(&gamma[c], gmom ? &gmom[c] : 0, narrow(dgamma, sg, bwd_mode, c),
+                  gexp + lr_shift - (ge - 7 + bn->gain_shift + sg), upd_mode, mshift, c);
+        it_update(&beta[c], bmom ? &bmom[c] : 0, narrow(dbeta, sb, bwd_mode, c), bexp + lr_shift - (ge + sb), upd_mode,
+                  mshift, c);
+#else
         it_update(&gamma[c], gmom ? &gmom[c] : 0, dgamma, gexp + lr_shift - (ge - 7 + bn->gain_shift), upd_mode,
                   mshift, c);
         it_update(&beta[c], bmom ? &bmom[c] : 0, dbeta, bexp + lr_shift - ge, upd_mode, mshift, c);
+#endif
     }
     if (!gx)
         return 0;
-    return it_requant32(acc, m_count * bn->c, gx, ge - 14 + gexp + IT_W8_EXP_OFFSET - xe - kmin + 1 + bn->gain_shift,
-                        bwd_mode);
+    return it_requant32e(acc, m_count * bn->c, gx, ge - frac + gexp + IT_W8_EXP_OFFSET - xe - kmin + 1 + bn->gain_shift,
+                         bwd_mode);
 }
 
 static const int32_t EXP2_LUT[256] = {     /* round(2**(i/256) * 2**15), §6; sum 12085828 */
@@ -597,12 +713,12 @@ static const int32_t EXP2_LUT[256] = {     /* round(2**(i/256) * 2**15), §6; su
 };
 
 void it_softmax_xent_grad(const int8_t *logits, int32_t e, const int32_t *labels, uint32_t n, uint32_t classes,
-                          int8_t *err)
+                          it_ecode_t *err)
 {
     uint32_t b, i;
     for (b = 0; b < n; b++) {
         const int8_t *q = logits + b * classes;
-        int8_t *out = err + b * classes;
+        it_ecode_t *out = err + b * classes;
         int32_t mx = -127;
         int64_t sum = 0;
         for (i = 0; i < classes; i++)
@@ -620,10 +736,16 @@ void it_softmax_xent_grad(const int8_t *logits, int32_t e, const int32_t *labels
             t = t < -63 * 256 ? -63 * 256 : t;
             ip = floor_shift(t, 8);
             ev = it_shift_round(EXP2_LUT[t & 255], (int32_t)(-ip > 20 ? 20 : -ip), IT_RNE, 0);
+#if IT_ERROR_BITS == 16
+            p = (ev * 65536 + sum) / (2 * sum);  /* round(32768 E / S), halves up; all positive */
+            if ((int32_t)i == labels[b])
+                p -= 32768;
+#else
             p = (ev * 256 + sum) / (2 * sum);    /* round(128 E / S), halves up; all positive */
             if ((int32_t)i == labels[b])
                 p -= 128;
-            out[i] = (int8_t)IT_CLAMP(p, -127, 127);
+#endif
+            out[i] = (it_ecode_t)IT_CLAMP(p, -IT_EMAX, IT_EMAX);
         }
     }
 }

@@ -1,7 +1,8 @@
 /* inttrain micro runtime: the integer arithmetic of docs/integer-training.md in C99.
  * No malloc, no float, only <stdint.h> and <string.h>. Every buffer is the caller's (static in the
  * generated model). Copied unchanged next to each generated model; the weight code type comes from
- * model_config.h (IT_WEIGHT_BITS 8 or 16). */
+ * model_config.h (IT_WEIGHT_BITS 8 or 16), and so does the error code type (IT_ERROR_BITS 8 or 16: the width of
+ * the errors every backward hands the layer before it; 16-bit errors are rounded to int8 only as GEMM operands). */
 #ifndef INTTRAIN_RT_H
 #define INTTRAIN_RT_H
 
@@ -17,6 +18,17 @@ typedef int16_t it_wcode_t;
 typedef int8_t it_wcode_t;
 #define IT_WMAX 127
 #define IT_W8_EXP_OFFSET 0
+#endif
+
+#ifndef IT_ERROR_BITS
+#define IT_ERROR_BITS 8
+#endif
+#if IT_ERROR_BITS == 16
+typedef int16_t it_ecode_t;
+#define IT_EMAX 32767
+#else
+typedef int8_t it_ecode_t;
+#define IT_EMAX 127
 #endif
 
 enum { IT_RNE = 0, IT_PSTOCH = 1, IT_FLOOR = 2, IT_HSTOCH = 3 };
@@ -47,6 +59,11 @@ static inline int8_t it_w8(it_wcode_t w)
 
 /* §2 requantization of n int32 accumulators at exponent exp into int8 codes; returns the new exponent */
 int32_t it_requant32(const int32_t *acc, uint32_t n, int8_t *out, int32_t exp, int mode);
+/* the same into error codes (it_ecode_t: int8 as it_requant32, or int16 with IT_ERROR_BITS 16) */
+int32_t it_requant32e(const int32_t *acc, uint32_t n, it_ecode_t *out, int32_t exp, int mode);
+/* an error as a GEMM operand: len error codes at exponent ge rounded to int8 codes g8 (16-bit errors; int8 ones
+ * are copied unchanged); returns g8's exponent */
+int32_t it_error_int8(const it_ecode_t *g, int32_t ge, uint32_t len, int8_t *g8, int mode);
 
 /* §7 integer SGD on one weight code, gradient grad at exponent grad_exp, step shift s = E + lr_shift - grad_exp;
  * mom: the int32 momentum entry or NULL, mshift its shift */
@@ -56,8 +73,9 @@ void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, i
  * recompute each dot product in a second pass instead of holding the int32 accumulators (less RAM, 2x MACs). */
 int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
                       uint32_t out, int32_t *acc, int8_t *y, int mode);
+/* the backward GEMMs take int8 errors g (16-bit errors through it_error_int8 first); gx: error codes */
 int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
-                            uint32_t out, int32_t *acc, int8_t *gx, int mode);
+                            uint32_t out, int32_t *acc, it_ecode_t *gx, int mode);
 void it_linear_bwd_update(const int8_t *g, int32_t ge, const int8_t *x, int32_t xe, it_wcode_t *w, int32_t *mom,
                           int32_t wexp, uint32_t n, uint32_t in, uint32_t out, int32_t lr_shift, int mode, int32_t mshift);
 
@@ -69,26 +87,29 @@ int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_w
 int32_t it_conv_fwd16(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
                       int32_t *acc, int16_t *y, int mode);
 int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8,
-                          uint32_t n, int32_t *acc, int8_t *gx, int mode);
+                          uint32_t n, int32_t *acc, it_ecode_t *gx, int mode);
 void it_conv_bwd_update(const it_conv_t *cv, const int8_t *g, int32_t ge, const int8_t *x, int32_t xe, it_wcode_t *w,
                         int32_t *mom, int32_t wexp, uint32_t n, int32_t lr_shift, int mode, int32_t mshift);
 
 /* ReLU on codes */
 void it_relu_fwd(const int8_t *x, uint32_t len, int8_t *y);
-void it_relu_bwd(const int8_t *y, const int8_t *g, uint32_t len, int8_t *gx);
+void it_relu_bwd(const int8_t *y, const it_ecode_t *g, uint32_t len, it_ecode_t *gx);
 
 /* Pools over planes (n*c planes of h x w), window kh x kw, stride = window, trailing rows/cols dropped */
 void it_maxpool_fwd(const int8_t *x, uint32_t planes, uint32_t h, uint32_t w, uint32_t k, int8_t *y, uint8_t *arg);
-void it_maxpool_bwd(const int8_t *g, const uint8_t *arg, uint32_t planes, uint32_t h, uint32_t w, uint32_t k,
-                    int8_t *gx);
+void it_maxpool_bwd(const it_ecode_t *g, const uint8_t *arg, uint32_t planes, uint32_t h, uint32_t w, uint32_t k,
+                    it_ecode_t *gx);
 int32_t it_avgpool_fwd(const int8_t *x, int32_t xe, uint32_t planes, uint32_t h, uint32_t w, uint32_t kh, uint32_t kw,
                        int32_t *acc, int8_t *y, int mode);
-int32_t it_avgpool_bwd(const int8_t *g, int32_t ge, uint32_t planes, uint32_t h, uint32_t w, uint32_t kh, uint32_t kw,
-                       int8_t *gx, int mode);
+int32_t it_avgpool_bwd(const it_ecode_t *g, int32_t ge, uint32_t planes, uint32_t h, uint32_t w, uint32_t kh,
+                       uint32_t kw, it_ecode_t *gx, int mode);
 
 /* §4.1 exponent-aligning add: a + b -> y (len codes); returns y's exponent */
 int32_t it_add_aligned(const int8_t *a, int32_t ea, const int8_t *b, int32_t eb, uint32_t len, int32_t *acc,
                        int8_t *y, int mode);
+/* the same on error codes (a residual's backward) */
+int32_t it_add_aligned_bwd(const it_ecode_t *a, int32_t ea, const it_ecode_t *b, int32_t eb, uint32_t len,
+                           int32_t *acc, it_ecode_t *y, int mode);
 
 /* §4.2 integer range batch norm over n samples of c channels with hw values each */
 typedef struct { uint32_t c, hw; int32_t gain_shift; } it_bn_t;   /* output x 2**gain_shift (spec §4.2) */
@@ -97,14 +118,15 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, const int16_t *x16, uint32
                   int32_t gexp, const it_wcode_t *beta, int32_t bexp, int8_t *xh, uint16_t *range, uint8_t *live,
                   int8_t *y, int mode);
 /* input error (when gx != NULL) and the update of gamma and beta; returns gx's exponent */
-int32_t it_bn_bwd(const it_bn_t *bn, const int8_t *g, int32_t ge, int32_t xe, uint32_t n, const int8_t *xh,
+int32_t it_bn_bwd(const it_bn_t *bn, const it_ecode_t *g, int32_t ge, int32_t xe, uint32_t n, const int8_t *xh,
                   const uint16_t *range, const uint8_t *live, it_wcode_t *gamma, int32_t *gmom, int32_t gexp,
-                  it_wcode_t *beta, int32_t *bmom, int32_t bexp, int32_t *acc, int8_t *gx, int32_t lr_shift,
+                  it_wcode_t *beta, int32_t *bmom, int32_t bexp, int32_t *acc, it_ecode_t *gx, int32_t lr_shift,
                   int bwd_mode, int upd_mode, int32_t mshift);
 
-/* §6 softmax cross-entropy error: logits (n, classes) at exponent e -> err (n, classes) at -7 */
+/* §6 softmax cross-entropy error: logits (n, classes) at exponent e -> err (n, classes) at -(IT_ERROR_BITS - 1)
+ * (int8 codes at -7, or int16 ones at -15: probabilities in Q15) */
 void it_softmax_xent_grad(const int8_t *logits, int32_t e, const int32_t *labels, uint32_t n, uint32_t classes,
-                          int8_t *err);
+                          it_ecode_t *err);
 /* index of the first largest code of each row */
 void it_argmax(const int8_t *logits, uint32_t n, uint32_t classes, int32_t *pred);
 
