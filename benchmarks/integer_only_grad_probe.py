@@ -16,7 +16,10 @@ first ``--batches`` batches (in order, no augmentation) it prints
   averaged over the batches: how much of micro's per-step gradient is signal;
 * the same cosine for the float twin whose errors stay float between layers and are rounded to int8 (power-of-two
   per-tensor scale, unbiased stochastic rounding) only where a convolution's two backward GEMMs take them -- the
-  int8 recipe's structure -- against its exact gradient: what requantizing every layer's error costs micro.
+  int8 recipe's structure -- against its exact gradient: what requantizing every layer's error costs micro;
+* micro's cosine against float autograd through micro's *own* forward values (each layer's output forced to
+  micro's, the derivative the float layer's at micro's input): the backward's arithmetic alone, without the
+  difference between the integer and the float forward.
 
 ``--error-bits 16`` runs micro's backward with 16-bit errors between layers (``IntegerOnlyConfig.error_bits``)
 on the same weights.
@@ -56,36 +59,80 @@ def real_value(p: L.Param, view: bool) -> torch.Tensor:
 
 
 def float_forward(layers: list, x: torch.Tensor, weights: dict[int, torch.Tensor], range_grad: bool = False,
-                  conv: Any = None) -> torch.Tensor:
+                  conv: Any = None, forced: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
     """micro's layers in float64 with ``weights`` (id(Param) -> tensor); the range is a constant unless
-    ``range_grad``; ``conv(x, w, stride, padding)`` runs the convolutions (default: F.conv2d)."""
+    ``range_grad``; ``conv(x, w, stride, padding)`` runs the convolutions (default: F.conv2d).  ``forced``
+    (id(layer) -> micro's output values): each layer's output takes micro's value while its gradient stays the
+    float layer's at micro's input (``y + (forced - y).detach()``), so autograd differentiates micro's own forward."""
     conv = conv or (lambda a, w, stride, padding: F.conv2d(a, w, stride=stride, padding=padding))
     for layer in layers:
-        if isinstance(layer, L.Conv2d):
-            x = conv(x, weights[id(layer.weight)], layer.stride, layer.padding)
-        elif isinstance(layer, L.Linear):
-            x = x @ weights[id(layer.weight)].T
-        elif isinstance(layer, L.BatchNorm):
-            dims = (0, 2, 3) if x.dim() == 4 else (0,)
-            shape = (1, -1, 1, 1) if x.dim() == 4 else (1, -1)
-            mu = x.mean(dims, keepdim=True)
-            r = (x.amax(dims, keepdim=True) - x.amin(dims, keepdim=True)).clamp_min(1e-30)
-            r = r if range_grad else r.detach()
-            x = (x - mu) / r * weights[id(layer.gamma)].view(shape) * 2.0 ** layer.gain_shift + weights[id(layer.beta)].view(shape)
-        elif isinstance(layer, L.ReLU):
-            x = x.clamp_min(0)
-        elif isinstance(layer, L.Residual):
-            x = float_forward(layer.block, x, weights, range_grad, conv) + (
-                float_forward(layer.shortcut, x, weights, range_grad, conv) if layer.shortcut else x)
-        elif isinstance(layer, L.AvgPool2d):
-            x = x.mean((2, 3), keepdim=True) if layer.global_pool else F.avg_pool2d(x, layer.kernel_size)
-        elif isinstance(layer, L.MaxPool2d):
-            x = F.max_pool2d(x, layer.kernel_size)
-        elif isinstance(layer, L.Flatten):
-            x = x.flatten(1)
-        else:  # pragma: no cover - every micro layer is handled above
-            raise TypeError(f"no float twin for {type(layer).__name__}")
+        x = _float_layer(layer, x, weights, range_grad, conv, forced)
+        if forced is not None and id(layer) in forced:
+            x = x + (forced[id(layer)] - x).detach()
     return x
+
+
+def _float_layer(layer: Any, x: torch.Tensor, weights: dict[int, torch.Tensor], range_grad: bool, conv: Any,
+                 forced: dict[int, torch.Tensor] | None) -> torch.Tensor:
+    """One micro layer in float64 (see :func:`float_forward`)."""
+    if isinstance(layer, L.Conv2d):
+        x = conv(x, weights[id(layer.weight)], layer.stride, layer.padding)
+    elif isinstance(layer, L.Linear):
+        x = x @ weights[id(layer.weight)].T
+    elif isinstance(layer, L.BatchNorm):
+        dims = (0, 2, 3) if x.dim() == 4 else (0,)
+        shape = (1, -1, 1, 1) if x.dim() == 4 else (1, -1)
+        mu = x.mean(dims, keepdim=True)
+        r = (x.amax(dims, keepdim=True) - x.amin(dims, keepdim=True)).clamp_min(1e-30)
+        if not range_grad:      # micro's backward: the range's value, the derivative of a standard deviation
+            std = x.var(dims, unbiased=False, keepdim=True).sqrt().clamp_min(1e-30)
+            r = std * (r / std).detach()
+        x = (x - mu) / r * weights[id(layer.gamma)].view(shape) * 2.0 ** layer.gain_shift + weights[id(layer.beta)].view(shape)
+    elif isinstance(layer, L.ReLU):
+        x = x.clamp_min(0)
+    elif isinstance(layer, L.Residual):
+        x = float_forward(layer.block, x, weights, range_grad, conv, forced) + (
+            float_forward(layer.shortcut, x, weights, range_grad, conv, forced) if layer.shortcut else x)
+    elif isinstance(layer, L.AvgPool2d):
+        x = x.mean((2, 3), keepdim=True) if layer.global_pool else F.avg_pool2d(x, layer.kernel_size)
+    elif isinstance(layer, L.MaxPool2d):
+        x = F.max_pool2d(x, layer.kernel_size)
+    elif isinstance(layer, L.Flatten):
+        x = x.flatten(1)
+    else:  # pragma: no cover - every micro layer is handled above
+        raise TypeError(f"no float twin for {type(layer).__name__}")
+    return x
+
+
+def _all_layers(layers: list) -> list:
+    out = []
+    for layer in layers:
+        out.append(layer)
+        if isinstance(layer, L.Residual):
+            out += _all_layers(layer.block) + _all_layers(layer.shortcut)
+    return out
+
+
+def integer_forward_values(model: Any, x: IntTensor) -> tuple[IntTensor, dict[int, torch.Tensor]]:
+    """micro's forward of ``x`` and every layer's output values (id(layer) -> float64 tensor)."""
+    values: dict[int, torch.Tensor] = {}
+    layers = _all_layers(model.layers)
+
+    def recording(layer: Any) -> Any:
+        def forward(a: IntTensor) -> IntTensor:
+            y = type(layer).forward(layer, a)
+            values[id(layer)] = torch.tensor(y.q.astype(np.float64) * 2.0 ** y.exp)
+            return y
+        return forward
+
+    for layer in layers:
+        layer.forward = recording(layer)
+    try:
+        logits = model.forward(x)
+    finally:
+        for layer in layers:
+            del layer.forward
+    return logits, values
 
 
 def stochastic_int8(g: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -116,15 +163,17 @@ class Int8ErrorConv(torch.autograd.Function):
                 torch.nn.grad.conv2d_weight(x, w.shape, gq, stride=stride, padding=padding), None, None, None)
 
 
-def _twin_grads(model: Any, xf: torch.Tensor, yt: torch.Tensor, int8_errors: torch.Generator | None) -> list[np.ndarray]:
-    """The float twin's weight gradients (int8 views in the forward): exact, or with int8 conv error operands."""
+def _twin_grads(model: Any, xf: torch.Tensor, yt: torch.Tensor, int8_errors: torch.Generator | None,
+                forced: dict[int, torch.Tensor] | None = None) -> list[np.ndarray]:
+    """The float twin's weight gradients (int8 views in the forward): exact, or with int8 conv error operands;
+    ``forced``: through micro's own forward values (:func:`float_forward`)."""
     params = model.params()
     views = {id(p): real_value(p, p.role != "norm").requires_grad_(True) for p in params}
     if int8_errors is None:
         conv = lambda a, w, stride, padding: F.conv2d(a, w, stride=stride, padding=padding)  # noqa: E731
     else:
         conv = lambda a, w, stride, padding: Int8ErrorConv.apply(a, w, stride, padding, int8_errors)  # noqa: E731
-    F.cross_entropy(float_forward(model.layers, xf, views, conv=conv), yt, reduction="sum").backward()
+    F.cross_entropy(float_forward(model.layers, xf, views, conv=conv, forced=forced), yt, reduction="sum").backward()
     return [views[id(p)].grad.numpy().ravel() for p in params]
 
 
@@ -136,7 +185,7 @@ def probe(model: Any, x: np.ndarray, x_exp: int, y: np.ndarray, batches: int, ba
     """Losses (integer, float on int8 views, float on master weights) and per-parameter gradient cosines."""
     params = model.params()
     losses: dict[str, list[float]] = {"integer": [], "float_int8_views": [], "float_master": []}
-    cosines, structure = np.zeros(len(params)), np.zeros(len(params))
+    cosines, structure, own = np.zeros(len(params)), np.zeros(len(params)), np.zeros(len(params))
     gen = torch.Generator().manual_seed(0)
     n = 0
     for b in range(batches):
@@ -144,7 +193,7 @@ def probe(model: Any, x: np.ndarray, x_exp: int, y: np.ndarray, batches: int, ba
         if len(idx) == 0:
             break
         yt = torch.tensor(y[idx])
-        logits = model.forward(IntTensor(x[idx], x_exp))
+        logits, values = integer_forward_values(model, IntTensor(x[idx], x_exp))
         losses["integer"].append(F.cross_entropy(torch.tensor(logits.q.astype(np.float64) * 2.0 ** logits.exp), yt).item())
         err, _ = softmax_cross_entropy_grad(logits, y[idx], bits=model.err_bits)
         model.backward(err)
@@ -158,15 +207,18 @@ def probe(model: Any, x: np.ndarray, x_exp: int, y: np.ndarray, batches: int, ba
             views = {id(p): real_value(p, p.role != "norm") for p in params}
             losses["float_int8_views"].append(F.cross_entropy(float_forward(model.layers, xf, views), yt).item())
         exact, coarse = _twin_grads(model, xf, yt, None), _twin_grads(model, xf, yt, gen)
+        through = _twin_grads(model, xf, yt, None, values)
         for i in range(len(params)):
             if grads[i] is not None:
                 cosines[i] += _cosine(grads[i].ravel(), exact[i])
+                own[i] += _cosine(grads[i].ravel(), through[i])
             structure[i] += _cosine(coarse[i], exact[i])
         n += 1
     names = [name for name, _ in model.named_params()]
     return {"losses": {k: float(np.mean(v)) for k, v in losses.items()}, "batches": n,
             "cosines": dict(zip(names, (cosines / max(n, 1)).tolist())),
-            "cosines_int8_gemm_errors": dict(zip(names, (structure / max(n, 1)).tolist()))}
+            "cosines_int8_gemm_errors": dict(zip(names, (structure / max(n, 1)).tolist())),
+            "cosines_own_forward": dict(zip(names, (own / max(n, 1)).tolist()))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,9 +240,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{model.err_bits}-bit errors")
     for k, v in r["losses"].items():
         print(f"  training loss, {k:17s} {v:.4f}")
-    print("  cosine with the float twin's exact gradient, per parameter: micro's / the twin's with int8 GEMM errors")
+    print("  cosine with the float twin's exact gradient, per parameter: micro's / the twin's with int8 GEMM errors;"
+          " then micro's against float backward through micro's own forward values")
     for name, c in r["cosines"].items():
-        print(f"    {name:32s} {c:+.3f} / {r['cosines_int8_gemm_errors'][name]:+.3f}")
+        print(f"    {name:32s} {c:+.3f} / {r['cosines_int8_gemm_errors'][name]:+.3f}    {r['cosines_own_forward'][name]:+.3f}")
     return 0
 
 

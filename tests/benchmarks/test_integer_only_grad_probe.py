@@ -30,6 +30,8 @@ def test_float_twin_matches_micro_forward_and_gradient_directions(bench, tmp_pat
     assert cos["layers.7.weight"] > 0.95 and all(c > 0.5 for n, c in cos.items() if n.endswith("weight")), cos
     coarse = r["cosines_int8_gemm_errors"]          # int8 error operands, float in between: close to exact
     assert list(coarse) == list(cos) and all(c > 0.8 for c in coarse.values()), coarse
+    own = r["cosines_own_forward"]                  # through micro's own forward: the last layer's is nearly exact
+    assert list(own) == list(cos) and own["layers.7.weight"] > 0.95, own
     save_model(model, tmp_path / "m")
     np.savez(tmp_path / "d.npz", x=x, x_exp=np.int64(-5), y=y)
     assert bench.main([str(tmp_path / "m"), str(tmp_path / "d.npz"), "--batches", "1", "--batch-size", "16"]) == 0
@@ -38,3 +40,22 @@ def test_float_twin_matches_micro_forward_and_gradient_directions(bench, tmp_pat
     assert bench.main([str(tmp_path / "m"), str(tmp_path / "d.npz"), "--batches", "1", "--error-bits", "16"]) == 0
     assert "16-bit errors" in capsys.readouterr().out
 
+
+
+def test_forced_float_forward_reproduces_the_integer_forward_values(bench) -> None:
+    """With every layer's output forced to micro's, the float twin's logits are micro's logits exactly, and
+    gradients still flow to every parameter."""
+    import torch
+
+    from inttrain.micro.ops import IntTensor
+
+    rng = np.random.default_rng(2)
+    x = rng.integers(-127, 128, size=(16, 3, 8, 8)).astype(np.int8)
+    model = Sequential.from_description(DESC)
+    logits, values = bench.integer_forward_values(model, IntTensor(x, -5))
+    assert len(values) == 13                        # every layer, residual block layers included
+    weights = {id(p): bench.real_value(p, True).requires_grad_(True) for p in model.params()}
+    out = bench.float_forward(model.layers, torch.tensor(x * 2.0 ** -5), weights, forced=values)
+    assert torch.equal(out.detach(), torch.tensor(logits.q.astype(np.float64) * 2.0 ** logits.exp))
+    out.sum().backward()
+    assert all(w.grad is not None and bool(w.grad.abs().sum() > 0) for w in weights.values())
