@@ -1,7 +1,7 @@
 """How far an integer-only model's forward and weight gradients are from float arithmetic on the same weights.
 
     python benchmarks/integer_only_grad_probe.py MODEL_DIR DATA.npz [--batches 8] [--batch-size 128]
-        [--backward-rounding hstoch] [--error-bits 16]
+        [--backward-rounding hstoch] [--error-bits 16] [--trace]
 
 MODEL_DIR is a saved ``inttrain.micro`` model (``model.json`` + ``weights.safetensors``, e.g. a run's ``micro/``
 folder of ``benchmarks/accuracy_full.py``), DATA.npz micro's data file (int8 ``x``, ``x_exp``, ``y``).  On the
@@ -20,6 +20,10 @@ first ``--batches`` batches (in order, no augmentation) it prints
 * micro's cosine against float autograd through micro's *own* forward values (each layer's output forced to
   micro's, the derivative the float layer's at micro's input): the backward's arithmetic alone, without the
   difference between the integer and the float forward.
+
+``--trace`` adds, for the first batch, each layer's output error as micro's backward receives it against the
+gradient of that layer's output in float autograd through micro's own forward (cosine and norm ratio): where the
+backward's requantizations lose the error.
 
 ``--error-bits 16`` runs micro's backward with 16-bit errors between layers (``IntegerOnlyConfig.error_bits``)
 on the same weights.
@@ -59,21 +63,26 @@ def real_value(p: L.Param, view: bool) -> torch.Tensor:
 
 
 def float_forward(layers: list, x: torch.Tensor, weights: dict[int, torch.Tensor], range_grad: bool = False,
-                  conv: Any = None, forced: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+                  conv: Any = None, forced: dict[int, torch.Tensor] | None = None,
+                  keep: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
     """micro's layers in float64 with ``weights`` (id(Param) -> tensor); the range is a constant unless
     ``range_grad``; ``conv(x, w, stride, padding)`` runs the convolutions (default: F.conv2d).  ``forced``
     (id(layer) -> micro's output values): each layer's output takes micro's value while its gradient stays the
-    float layer's at micro's input (``y + (forced - y).detach()``), so autograd differentiates micro's own forward."""
+    float layer's at micro's input (``y + (forced - y).detach()``), so autograd differentiates micro's own forward.
+    ``keep``: filled with each layer's output (id(layer) -> tensor, its gradient retained)."""
     conv = conv or (lambda a, w, stride, padding: F.conv2d(a, w, stride=stride, padding=padding))
     for layer in layers:
-        x = _float_layer(layer, x, weights, range_grad, conv, forced)
+        x = _float_layer(layer, x, weights, range_grad, conv, forced, keep)
         if forced is not None and id(layer) in forced:
             x = x + (forced[id(layer)] - x).detach()
+        if keep is not None and x.requires_grad:
+            x.retain_grad()
+            keep[id(layer)] = x
     return x
 
 
 def _float_layer(layer: Any, x: torch.Tensor, weights: dict[int, torch.Tensor], range_grad: bool, conv: Any,
-                 forced: dict[int, torch.Tensor] | None) -> torch.Tensor:
+                 forced: dict[int, torch.Tensor] | None, keep: dict[int, torch.Tensor] | None) -> torch.Tensor:
     """One micro layer in float64 (see :func:`float_forward`)."""
     if isinstance(layer, L.Conv2d):
         x = conv(x, weights[id(layer.weight)], layer.stride, layer.padding)
@@ -89,10 +98,10 @@ def _float_layer(layer: Any, x: torch.Tensor, weights: dict[int, torch.Tensor], 
             r = std * (r / std).detach()
         x = (x - mu) / r * weights[id(layer.gamma)].view(shape) * 2.0 ** layer.gain_shift + weights[id(layer.beta)].view(shape)
     elif isinstance(layer, L.ReLU):
-        x = x.clamp_min(0)
+        x = x.relu()                        # gradient only where x > 0, as micro (clamp_min passes x == 0 too)
     elif isinstance(layer, L.Residual):
-        x = float_forward(layer.block, x, weights, range_grad, conv, forced) + (
-            float_forward(layer.shortcut, x, weights, range_grad, conv, forced) if layer.shortcut else x)
+        x = float_forward(layer.block, x, weights, range_grad, conv, forced, keep) + (
+            float_forward(layer.shortcut, x, weights, range_grad, conv, forced, keep) if layer.shortcut else x)
     elif isinstance(layer, L.AvgPool2d):
         x = x.mean((2, 3), keepdim=True) if layer.global_pool else F.avg_pool2d(x, layer.kernel_size)
     elif isinstance(layer, L.MaxPool2d):
@@ -104,19 +113,20 @@ def _float_layer(layer: Any, x: torch.Tensor, weights: dict[int, torch.Tensor], 
     return x
 
 
-def _all_layers(layers: list) -> list:
+def _all_layers(layers: list, prefix: str = "layers") -> list[tuple[str, Any]]:
+    """(name, layer) of every layer in forward order, residual branches included (named as the parameters are)."""
     out = []
-    for layer in layers:
-        out.append(layer)
+    for i, layer in enumerate(layers):
+        out.append((f"{prefix}.{i}", layer))
         if isinstance(layer, L.Residual):
-            out += _all_layers(layer.block) + _all_layers(layer.shortcut)
+            out += _all_layers(layer.block, f"{prefix}.{i}.block") + _all_layers(layer.shortcut, f"{prefix}.{i}.shortcut")
     return out
 
 
 def integer_forward_values(model: Any, x: IntTensor) -> tuple[IntTensor, dict[int, torch.Tensor]]:
     """micro's forward of ``x`` and every layer's output values (id(layer) -> float64 tensor)."""
     values: dict[int, torch.Tensor] = {}
-    layers = _all_layers(model.layers)
+    layers = [layer for _, layer in _all_layers(model.layers)]
 
     def recording(layer: Any) -> Any:
         def forward(a: IntTensor) -> IntTensor:
@@ -221,6 +231,46 @@ def probe(model: Any, x: np.ndarray, x_exp: int, y: np.ndarray, batches: int, ba
             "cosines_own_forward": dict(zip(names, (own / max(n, 1)).tolist()))}
 
 
+def error_trace(model: Any, x: np.ndarray, x_exp: int, y: np.ndarray) -> list[tuple[str, str, float, float]]:
+    """For one batch, each layer's output error as micro's backward receives it against the gradient of that
+    layer's output in float autograd through micro's own forward values: (layer name, type, cosine, norm ratio
+    micro / float), from the loss down to the first layer.  Shows where the backward's arithmetic loses the
+    direction (and the scale) of the error."""
+    logits, values = integer_forward_values(model, IntTensor(x, x_exp))
+    named = _all_layers(model.layers)
+    received: dict[int, np.ndarray] = {}
+
+    def recording(layer: Any) -> Any:
+        def backward(g: IntTensor) -> IntTensor | None:
+            received[id(layer)] = g.q.astype(np.float64) * 2.0 ** g.exp
+            return type(layer).backward(layer, g)
+        return backward
+
+    for _, layer in named:
+        layer.backward = recording(layer)
+    try:
+        err, _ = softmax_cross_entropy_grad(logits, y, bits=model.err_bits)
+        model.backward(err)
+    finally:
+        for _, layer in named:
+            del layer.backward
+    for p in model.params():
+        p.grad = None
+    weights = {id(p): real_value(p, p.role != "norm").requires_grad_(True) for p in model.params()}
+    keep: dict[int, torch.Tensor] = {}
+    out = float_forward(model.layers, torch.tensor(x.astype(np.float64) * 2.0 ** x_exp), weights, forced=values,
+                        keep=keep)
+    F.cross_entropy(out, torch.tensor(y), reduction="sum").backward()
+    rows = []
+    for name, layer in reversed(named):
+        got, ref = received.get(id(layer)), keep.get(id(layer))
+        if got is None or ref is None or ref.grad is None:
+            continue
+        a, b = got.ravel(), ref.grad.numpy().ravel()
+        rows.append((name, type(layer).__name__, _cosine(a, b), float(np.linalg.norm(a) / (np.linalg.norm(b) or 1.0))))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", help="a saved inttrain.micro model folder")
@@ -230,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backward-rounding", default=None, help="override the model's error rounding (rne, hstoch, ...)")
     ap.add_argument("--error-bits", type=int, choices=(8, 16), default=None,
                     help="override the model's error width between layers")
+    ap.add_argument("--trace", action="store_true",
+                    help="also print, per layer, micro's backward error against float autograd's (first batch)")
     args = ap.parse_args(argv)
     model = load_model(args.model)
     rounding = {**model.desc["rounding"], "backward": args.backward_rounding} if args.backward_rounding else None
@@ -244,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
           " then micro's against float backward through micro's own forward values")
     for name, c in r["cosines"].items():
         print(f"    {name:32s} {c:+.3f} / {r['cosines_int8_gemm_errors'][name]:+.3f}    {r['cosines_own_forward'][name]:+.3f}")
+    if args.trace:
+        print("  each layer's output error, micro's backward against float autograd through micro's own forward "
+              "(first batch): cosine, norm ratio")
+        n = min(len(x), args.batch_size)
+        for name, kind, c, ratio in error_trace(model, x[:n], x_exp, y[:n]):
+            print(f"    {name:32s} {kind:10s} {c:+.4f}  {ratio:.3f}")
     return 0
 
 

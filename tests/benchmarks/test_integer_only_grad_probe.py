@@ -37,8 +37,25 @@ def test_float_twin_matches_micro_forward_and_gradient_directions(bench, tmp_pat
     assert bench.main([str(tmp_path / "m"), str(tmp_path / "d.npz"), "--batches", "1", "--batch-size", "16"]) == 0
     out = capsys.readouterr().out
     assert "training loss, integer" in out and "layers.0.weight" in out and "8-bit errors" in out
-    assert bench.main([str(tmp_path / "m"), str(tmp_path / "d.npz"), "--batches", "1", "--error-bits", "16"]) == 0
-    assert "16-bit errors" in capsys.readouterr().out
+    assert bench.main([str(tmp_path / "m"), str(tmp_path / "d.npz"), "--batches", "1", "--error-bits", "16",
+                       "--trace"]) == 0
+    out = capsys.readouterr().out
+    assert "16-bit errors" in out and "layers.3.block.4" in out and "BatchNorm" in out
+
+
+def test_error_trace_follows_the_backward_and_16_bit_errors_stay_closer(bench) -> None:
+    """The trace starts at the classifier (exact up to the loss gradient's rounding) and names every layer; with
+    16-bit errors the first layer's error is at least as close to float autograd's as with 8-bit ones."""
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(-127, 128, size=(32, 3, 8, 8)).astype(np.int8), rng.integers(0, 4, 32)
+    first = {}
+    for bits in (8, 16):
+        rows = bench.error_trace(Sequential.from_description({**DESC, "error_bits": bits}), x, -5, y)
+        names = [r[0] for r in rows]
+        assert names[0] == "layers.7" and rows[0][2] > 0.999 and abs(rows[0][3] - 1) < 0.01, rows[0]
+        assert "layers.3.block.4" in names and names[-1] == "layers.0" and len(rows) == 13
+        first[bits] = rows[-1][2]
+    assert first[16] > 0.99 and first[16] >= first[8] - 0.005, first
 
 
 
