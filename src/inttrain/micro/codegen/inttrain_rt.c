@@ -94,17 +94,23 @@ static int32_t requant_shift16(uint64_t m)      /* 16-bit codes: max |code| 3276
     return s > 0 ? s : 0;
 }
 
-int32_t it_requant32(const int32_t *acc, uint32_t n, int8_t *out, int32_t exp, int mode)
+/* max |acc[i]| of n int32 accumulators (as uint64: |INT32_MIN| fits) */
+static uint64_t amax32(const int32_t *acc, uint32_t n)
 {
     uint64_t m = 0;
     uint32_t i;
-    int32_t s;
     for (i = 0; i < n; i++) {
         uint64_t a = acc[i] < 0 ? (uint64_t)(-(int64_t)acc[i]) : (uint64_t)acc[i];
         if (a > m)
             m = a;
     }
-    s = requant_shift(m);
+    return m;
+}
+
+int32_t it_requant32(const int32_t *acc, uint32_t n, int8_t *out, int32_t exp, int mode)
+{
+    uint32_t i;
+    int32_t s = requant_shift(amax32(acc, n));
     for (i = 0; i < n; i++) {
         int64_t v = it_shift_round(acc[i], s, mode, i);
         out[i] = (int8_t)IT_CLAMP(v, -127, 127);
@@ -127,15 +133,8 @@ static int32_t requant_shift_e(uint64_t m)
 int32_t it_requant32e(const int32_t *acc, uint32_t n, it_ecode_t *out, int32_t exp, int mode)
 {
 #if IT_ERROR_BITS == 16
-    uint64_t m = 0;
     uint32_t i;
-    int32_t s;
-    for (i = 0; i < n; i++) {
-        uint64_t a = acc[i] < 0 ? (uint64_t)(-(int64_t)acc[i]) : (uint64_t)acc[i];
-        if (a > m)
-            m = a;
-    }
-    s = requant_shift16(m);
+    int32_t s = requant_shift16(amax32(acc, n));
     for (i = 0; i < n; i++) {
         int64_t v = it_shift_round(acc[i], s, mode, i);
         out[i] = (it_ecode_t)IT_CLAMP(v, -IT_EMAX, IT_EMAX);
