@@ -65,8 +65,8 @@ def test_description_demanding_gigabytes_is_refused_before_drawing_weights(tmp_p
     huge = {"input_shape": [60_000], "layers": [
         {"type": "linear", "in_features": 60_000, "out_features": 130_000},
         {"type": "linear", "in_features": 130_000, "out_features": 10}]}
-    params, acts, _ = layer_sizes(huge["layers"], (60_000,))
-    assert params == 60_000 * 130_000 + 130_000 + 130_000 * 10 + 10 and acts == 130_010
+    params, acts, _, wide = layer_sizes(huge["layers"], (60_000,))
+    assert params == 60_000 * 130_000 + 130_000 + 130_000 * 10 + 10 and acts == 130_010 and wide == 0
     with pytest.raises(MicroFormatError, match=r"7,801,430,010 parameters .* need 94.5 GiB; allowed: at most 1 GiB"):
         check_memory(huge, 1, "m.json", limit=1 << 30)
     (tmp_path / "m.json").write_text(json.dumps(huge))
@@ -84,6 +84,23 @@ def test_batch_whose_activations_do_not_fit(tmp_path: Path, capsys: pytest.Captu
     model = Sequential.from_description(MLP)
     with pytest.raises(MicroFormatError, match=r"--batch-size 10000000000: .* allowed: at most"):
         check_memory(model.desc, 10**10, "--batch-size 10000000000")
+
+
+def test_memory_need_counts_16_bit_codes_and_errors_as_two_bytes() -> None:
+    """A convolution handing its batch norm 16-bit codes keeps one more byte per output element, and so does every
+    activation's error under 16-bit errors: 90 parameters x 13 bytes + (16 input + 32 conv + 32 norm + 32 flatten +
+    2 linear elements) x 5 bytes + 32 wide codes = 1772 bytes for one example; 114 more with 16-bit errors."""
+    desc = validate_description({"input_shape": [1, 4, 4], "layers": [
+        {"type": "conv2d", "in_channels": 1, "out_channels": 2, "kernel_size": 3, "padding": 1, "out_bits": 16},
+        {"type": "batchnorm", "num_features": 2}, {"type": "flatten"},
+        {"type": "linear", "in_features": 32, "out_features": 2}]})
+    assert layer_sizes(desc["layers"], (1, 4, 4)) == (90, 98, (2,), 32)
+    check_memory(desc, 1, "m.json", limit=1772)
+    with pytest.raises(MicroFormatError, match="need 1.65e-06 GiB"):
+        check_memory(desc, 1, "m.json", limit=1771)
+    check_memory({**desc, "error_bits": 16}, 1, "m.json", limit=1886)
+    with pytest.raises(MicroFormatError, match="m.json: 90 parameters and 98 activations per example at batch 1"):
+        check_memory({**desc, "error_bits": 16}, 1, "m.json", limit=1885)
 
 
 def test_empty_and_garbage_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -217,9 +217,10 @@ def memory_limit_bytes() -> int:
 PARAM_BYTES, ACT_BYTES = 13, 5
 
 
-def layer_sizes(specs: list[dict], shape: tuple) -> tuple[int, int, tuple]:
-    """(parameters, activation elements per example, output shape) of validated ``specs`` on ``shape``."""
-    params = acts = 0
+def layer_sizes(specs: list[dict], shape: tuple) -> tuple[int, int, tuple, int]:
+    """(parameters, activation elements per example, output shape, how many of those elements are 16-bit codes:
+    the outputs of convolutions with ``out_bits`` 16) of validated ``specs`` on ``shape``."""
+    params = acts = wide = 0
     for s in specs:
         t = s["type"]
         if t == "linear":
@@ -229,6 +230,8 @@ def layer_sizes(specs: list[dict], shape: tuple) -> tuple[int, int, tuple]:
             kk, st, p = s["kernel_size"], s["stride"], s["padding"]
             params += s["out_channels"] * (s["in_channels"] * kk * kk + 1)
             shape = (s["out_channels"], (shape[1] + 2 * p - kk) // st + 1, (shape[2] + 2 * p - kk) // st + 1)
+            if s.get("out_bits", 8) == 16:
+                wide += int(np.prod(shape, dtype=object))
         elif t in ("maxpool2d", "avgpool2d"):
             shape = (shape[0], shape[1] // s["kernel_size"], shape[2] // s["kernel_size"])
         elif t == "globalavgpool2d":
@@ -238,20 +241,21 @@ def layer_sizes(specs: list[dict], shape: tuple) -> tuple[int, int, tuple]:
         elif t == "batchnorm":
             params += 2 * s["num_features"]
         elif t == "residual":
-            p1, a1, out = layer_sizes(s["layers"], shape)
-            p2, a2, _ = layer_sizes(s["shortcut"], shape)
-            params, acts, shape = params + p1 + p2, acts + a1 + a2, out
+            p1, a1, out, w1 = layer_sizes(s["layers"], shape)
+            p2, a2, _, w2 = layer_sizes(s["shortcut"], shape)
+            params, acts, shape, wide = params + p1 + p2, acts + a1 + a2, out, wide + w1 + w2
             continue
         acts += int(np.prod(shape, dtype=object))
-    return params, acts, shape
+    return params, acts, shape, wide
 
 
 def check_memory(desc: dict, batch_size: int, where: str, limit: int | None = None) -> None:
     """MicroFormatError if the model's parameters and a batch's activations would not fit ``limit`` bytes."""
     limit = memory_limit_bytes() if limit is None else limit
-    params, acts, _ = layer_sizes(desc["layers"], tuple(desc["input_shape"]))
+    params, acts, _, wide = layer_sizes(desc["layers"], tuple(desc["input_shape"]))
     per_act = ACT_BYTES + (desc.get("error_bits", 8) == 16)         # a 16-bit error code: one byte more
-    need = params * PARAM_BYTES + (acts + int(np.prod(desc["input_shape"], dtype=object))) * per_act * batch_size
+    act_bytes = (acts + int(np.prod(desc["input_shape"], dtype=object))) * per_act + wide    # a 16-bit code: one more
+    need = params * PARAM_BYTES + act_bytes * batch_size
     if need > limit:
         raise MicroFormatError(f"{where}: {params:,} parameters and {acts:,} activations per example at batch "
                                f"{batch_size} need {need / 2**30:.3g} GiB; allowed: at most {limit / 2**30:.3g} GiB "

@@ -630,7 +630,7 @@ int32_t it_bn_bwd(const it_bn_t *bn, const it_ecode_t *g, int32_t ge, int32_t xe
     const int32_t frac = 6;
     int32_t sb, sg;
     uint64_t mbeta = 0, mgamma = 0;
-    for (c = 0; c < bn->c; c++) {
+    for (c = 0; c < bn->c; c++) {   /* the sums again below rather than kept: no 2 x C int64 of scratch RAM */
         int64_t dbeta, dgamma, sxx, amx;
         bn_sums(bn, g, xh, n, c, &dbeta, &dgamma, &sxx, &amx);
         dbeta = dbeta < 0 ? -dbeta : dbeta;
