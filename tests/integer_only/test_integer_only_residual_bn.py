@@ -158,6 +158,24 @@ def test_16bit_errors_lockstep(digits, desc):
         assert max(int(abs(g.q).max()) for g in errors) > 127                     # wider than int8 codes
 
 
+@pytest.mark.parametrize("desc", [RESNET, MLP_BN], ids=["resnet", "mlp-bn"])
+def test_tensor_weight_view_lockstep(digits, desc):
+    """``weight_view`` "tensor" (with 16-bit errors, adapt_exp): every int16 master tensor's int8 view takes its own
+    shift, bitlen(max|W16|) - 7, so its largest code is 64..127 (the fixed shift of 8 gives these fresh weights at
+    most 32); bit-exact in both engines, views and exponents included."""
+    desc = {**desc, "error_bits": 16, "weight_view": "tensor", "layers": _with_gain(desc["layers"], 3)}
+    mm, tm = _lockstep(desc, digits, 6, 8, 2, lr_mode="norm", lr_bits=10, adapt_exp=True)
+    assert mm.desc["weight_view"] == "tensor"
+    for mp, tp in zip(mm.params(), tm.params()):
+        assert mp.view == tp.view == "tensor"
+        v, tv = mp.int8(), tp.int8()
+        am = int(np.abs(mp.acc.astype(np.int64)).max())
+        assert v.exp == tv.exp == mp.exp + max(0, am.bit_length() - 7)
+        assert _eq(tv.q, v.q) and 64 <= int(np.abs(v.q.astype(np.int64)).max()) <= 127
+    fixed = M.Sequential.from_description({**desc, "weight_view": "fixed"})
+    assert "weight_view" not in fixed.desc and max(int(np.abs(p.int8().q).max()) for p in fixed.params()) <= 32
+
+
 def test_norm_rule_with_a_separate_batch_norm_step_stays_in_lockstep(digits):
     _lockstep(RESNET, digits, 6, 8, 2, lr_mode="norm", lr_bits=10, bn_lr_bits=8, adapt_exp=True)
 

@@ -86,6 +86,20 @@ def test_batch_whose_activations_do_not_fit(tmp_path: Path, capsys: pytest.Captu
         check_memory(model.desc, 10**10, "--batch-size 10000000000")
 
 
+def test_unknown_weight_view_is_refused() -> None:
+    with pytest.raises(MicroFormatError, match=r"m.json: weight_view must be one of \['fixed', 'tensor'\], got 'row'"):
+        validate_description({**MLP, "weight_view": "row"}, "m.json")
+    assert validate_description({**MLP, "weight_view": "tensor"})["weight_view"] == "tensor"
+    assert "weight_view" not in validate_description({**MLP, "weight_view": "fixed"})
+
+
+def test_codegen_refuses_the_tensor_weight_view_it_cannot_reproduce() -> None:
+    from inttrain.micro.codegen.generate import generate
+
+    with pytest.raises(ValueError, match="codegen: weight_view 'tensor' is not in the C runtime yet"):
+        generate(Sequential.from_description({**MLP, "weight_view": "tensor"}), 4, 6)
+
+
 def test_memory_need_counts_16_bit_codes_and_errors_as_two_bytes() -> None:
     """A convolution handing its batch norm 16-bit codes keeps one more byte per output element, and so does every
     activation's error under 16-bit errors: 90 parameters x 13 bytes + (16 input + 32 conv + 32 norm + 32 flatten +

@@ -188,6 +188,21 @@ def test_error_bits_16_is_written_into_the_description_and_every_layer():
         assert {layer.err_bits for layer in _flat_layers(m.layers)} == {bits}
 
 
+def test_weight_view_tensor_is_written_into_the_description_and_survives_save_and_load(tmp_path):
+    from inttrain.models.resnet import CifarResNet
+
+    torch.manual_seed(0)
+    m = convert(CifarResNet(8, 10, 3), IntegerOnlyConfig(drop_bias=True, weight_view="tensor"), input_shape=[3, 16, 16])
+    assert m.desc["weight_view"] == "tensor" and {p.view for p in m.params()} == {"tensor"}
+    m.save(tmp_path / "m")
+    loaded = M.load_model(tmp_path / "m")
+    assert loaded.desc["weight_view"] == "tensor" and {p.view for p in loaded.params()} == {"tensor"}
+    assert "weight_view" not in convert(CifarResNet(8, 10, 3), IntegerOnlyConfig(drop_bias=True),
+                                        input_shape=[3, 16, 16]).desc
+    with pytest.raises(ValueError, match="integer-only weight_view='channel': allowed 'fixed' or 'tensor'"):
+        IntegerOnlyConfig(weight_view="channel")
+
+
 def _flat_layers(layers):
     for layer in layers:
         yield layer

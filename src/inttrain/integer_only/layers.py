@@ -38,6 +38,7 @@ class Param:
         self.exp = int(exp)
         self.exp0 = int(exp)         # the initial exponent (micro's Param.exp0)
         self.role = "weight"         # micro's Param.role
+        self.view = "fixed"          # micro's Param.view
         self.grad: torch.Tensor | None = None
         self.grad_exp = 0
         self.mom: torch.Tensor | None = None
@@ -47,14 +48,17 @@ class Param:
         """Copy a :class:`inttrain.micro.layers.Param` (NumPy codes) into torch."""
         acc = torch.from_numpy(np.array(p.acc, copy=True))        # a writable copy (micro's codes may be read-only)
         out = cls(acc.to(device) if device is not None else acc, p.exp, p.bits)
-        out.exp0, out.role = p.exp0, p.role
+        out.exp0, out.role, out.view = p.exp0, p.role, p.view
         return out
 
     def int8(self) -> IntTensor:
-        """The int8 weight view used by the GEMMs: sat8(shift_round(W16, 8, rne)) at exp + 8 (int16)."""
+        """The int8 weight view used by the GEMMs: sat8(shift_round(W16, s, rne)) at exp + s (int16), s =
+        :func:`inttrain.micro.layers.view_shift` (8, or the tensor's own shift for ``view`` "tensor")."""
         if self.bits == 8:
             return IntTensor(self.acc, self.exp)
-        return IntTensor(saturate(shift_round(self.acc, 8, "rne"), 8).to(torch.int8), self.exp + 8)
+        am = int(self.acc.abs().max()) if self.view != "fixed" and self.acc.numel() else 0
+        s = _ml.view_shift(am, self.bits, self.view)
+        return IntTensor(saturate(shift_round(self.acc, s, "rne"), 8).to(torch.int8), self.exp + s)
 
 
 class Layer(_ml.Layer):

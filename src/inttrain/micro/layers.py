@@ -34,6 +34,19 @@ def _int8_view_table() -> np.ndarray:
 
 INT8_VIEW = _int8_view_table()          # 64 KiB: the int8 weight view is one table lookup per weight
 
+#: How int16 master codes map to the int8 view the GEMMs use (docs §1; a description's ``weight_view``):
+#: "fixed" (the default): s = 8; "tensor": s = max(0, bitlen(max |W16|) - 7), the whole int8 range for the
+#: tensor's largest code, as activations are requantized.
+WEIGHT_VIEWS = ("fixed", "tensor")
+
+
+def view_shift(max_code: int, bits: int, view: str = "fixed") -> int:
+    """The right shift from master codes to their int8 view: 0 for int8 masters; 8 ("fixed"); or the smallest
+    that brings ``max_code`` (the tensor's largest |code|) within 7 bits ("tensor")."""
+    if bits == 8:
+        return 0
+    return 8 if view == "fixed" else max(0, int(max_code).bit_length() - 7)
+
 
 def gemm_error(g: IntTensor, mode: str, ops: type = NumpyOps) -> IntTensor:
     """The error as a GEMM operand: int8 codes as they are; wider (16-bit) codes rounded to int8 with ``mode``."""
@@ -53,9 +66,9 @@ def to_int32(acc: np.ndarray, what: str, bound: int | None = None) -> np.ndarray
 class Param:
     """A weight: master codes ``acc`` (int16 or int8, ``bits``) at fixed exponent ``exp``.
 
-    The forward uses the int8 view: for bits == 16, w8 = saturate(shift_round(acc, 8, rne)) at
-    exp + 8; for bits == 8 the codes themselves. ``grad``/``grad_exp`` hold the last gradient,
-    ``mom`` the int32 momentum buffer of the optimizer.
+    The forward uses the int8 view: for bits == 16, w8 = saturate(shift_round(acc, s, rne)) at exp + s with
+    s = :func:`view_shift` (8, or the tensor's own shift when ``view`` is "tensor"); for bits == 8 the codes
+    themselves. ``grad``/``grad_exp`` hold the last gradient, ``mom`` the int32 momentum buffer of the optimizer.
     """
 
     def __init__(self, acc: np.ndarray, exp: int, bits: int):
@@ -66,6 +79,7 @@ class Param:
         self.exp = int(exp)
         self.exp0 = int(exp)         # the initial exponent: the norm rule's steps are in its units (optim.py)
         self.role = "weight"         # "norm": a batch norm's gamma / beta (the optimizer's bn_lr_bits applies)
+        self.view = "fixed"          # the int8 view's shift rule (WEIGHT_VIEWS; set from the model's description)
         self.grad: np.ndarray | None = None
         self.grad_exp = 0
         self.mom: np.ndarray | None = None
@@ -73,27 +87,30 @@ class Param:
     def int8(self) -> IntTensor:
         if self.bits == 8:
             return IntTensor(self.acc, self.exp)
+        if self.view != "fixed":
+            return self.gemm_view()[0]
         acc = self.acc if self.acc.dtype == np.int16 else self.acc.astype(np.int16)
         return IntTensor(np.take(INT8_VIEW, acc.view(np.uint16)), self.exp + 8)
 
     def gemm_view(self) -> tuple[IntTensor, np.ndarray, int]:
         """(int8 view, the same codes as float32 for the exact GEMMs, their max |code|).
 
-        For int16 master codes the view is rint(W16 * 2**-8) clipped to [-127, 127] in float32: the scaling
-        by a power of two is exact and rint rounds half to even, so it equals sat8(shift_round(W16, 8, rne)).
+        For int16 master codes the view is rint(W16 * 2**-s) clipped to [-127, 127] in float32: the scaling
+        by a power of two is exact and rint rounds half to even, so it equals sat8(shift_round(W16, s, rne)).
         """
         if self.bits == 8:
             q = self.acc
             wf = q.astype(np.float32)
         else:
             am = absmax(self.acc)
-            wf = self.acc * np.float32(2.0 ** -8)
+            s = view_shift(am, self.bits, self.view)
+            wf = self.acc * np.float32(2.0 ** -s)
             np.rint(wf, out=wf)
-            if am > 127 * 256 + 127:                 # only codes beyond 32639 round to 128 and saturate
+            if s and am >= 127 * (1 << s) + (1 << (s - 1)):    # only such codes round to 128 and saturate
                 np.clip(wf, -127, 127, out=wf)
             q = wf.astype(np.int8)
             # rounding is monotonic, so the largest |code| is the rounded largest |W16| (rne on a tie)
-            return IntTensor(q, self.exp + 8), wf, min(127, int(np.rint(am / 256)))
+            return IntTensor(q, self.exp + s), wf, min(127, int(np.rint(am / 2.0 ** s)))
         return IntTensor(q, self.exp), wf, absmax(q)
 
     @staticmethod
@@ -589,6 +606,8 @@ class SequentialCore:
     def __init__(self, layers: list[Layer], desc: dict):
         self.layers, self.desc = layers, desc
         self.err_bits = desc.get("error_bits", 8)   # the loss gradient's width too (softmax_cross_entropy_grad)
+        for p in self.params():
+            p.view = desc.get("weight_view", "fixed")
         if layers:
             layers[0].need_input_grad = False
 

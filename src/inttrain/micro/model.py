@@ -12,7 +12,7 @@ from .augment import augment_batch
 from .errors import MicroFormatError
 from .io import read_json, read_npz, read_safetensors, write_safetensors
 from .layers import (BN_MAX_COUNT, MAX_GAIN_SHIFT, MAX_K, MAX_POOL_WINDOW, AvgPool2d, BatchNorm, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Residual,
-                     SequentialCore)
+                     WEIGHT_VIEWS, SequentialCore)
 from .loss import display_loss, softmax_cross_entropy_grad
 from .ops import ROUNDING_MODES, IntTensor, qmax
 
@@ -153,8 +153,11 @@ def validate_description(desc: dict, where: str = "model description") -> dict:
     error_bits = desc.get("error_bits", 8)
     if error_bits not in (8, 16) or isinstance(error_bits, bool):
         raise MicroFormatError(f"{where}: error_bits must be 8 or 16, got {error_bits!r}")
+    weight_view = desc.get("weight_view", "fixed")
+    if weight_view not in WEIGHT_VIEWS:
+        raise MicroFormatError(f"{where}: weight_view must be one of {list(WEIGHT_VIEWS)}, got {weight_view!r}")
     unknown = set(desc) - {"format", "input_shape", "weight_bits", "rounding", "seed", "layers", "num_classes",
-                           "error_bits"}
+                           "error_bits", "weight_view"}
     if unknown:
         raise MicroFormatError(f"{where}: unknown keys {sorted(unknown)} (a saved model is loaded as a directory)")
     layers = desc.get("layers")
@@ -169,6 +172,8 @@ def validate_description(desc: dict, where: str = "model description") -> dict:
            "rounding": rounding, "seed": seed, "layers": norm}
     if error_bits == 16:                             # written only when set: older descriptions stay as they were
         out["error_bits"] = 16
+    if weight_view != "fixed":
+        out["weight_view"] = weight_view
     check_memory(out, 1, where)  # before a single weight is drawn
     return out
 

@@ -181,6 +181,7 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib, signals: lis
           f"{model.desc['weight_bits']}-bit weight accumulators, {s['lr_mode']} rule ({rule}), {s['schedule']} "
           f"schedule, {spe} steps/epoch, rounding {'/'.join(model.desc['rounding'].values())}"
           + (f", {model.err_bits}-bit errors" if model.err_bits != 8 else "")
+          + (", int8 weight views at each tensor's own shift" if model.desc.get("weight_view") == "tensor" else "")
           + (f", augment {augment}" if augment not in (None, "none") else "")
           + (f"; resuming at epoch {state['epoch'] + 1} step {state['position']['step']}" if args.resume else ""),
           flush=True)

@@ -319,6 +319,8 @@ def generate(model: Sequential, batch_size: int, lr_shift: int, momentum_shift: 
         raise ValueError(f"--momentum-shift {momentum_shift}: must be in [1, 16]")
     model.check_batch(batch_size)
     d = model.desc
+    if d.get("weight_view", "fixed") != "fixed":
+        raise ValueError(f"codegen: weight_view {d['weight_view']!r} is not in the C runtime yet (only 'fixed')")
     gen = _Gen(model, batch_size, lr_shift, momentum_shift, low_ram)
     in_shape = tuple(d["input_shape"])
     nodes, out, out_exp, _ = gen.forward(model.layers, "it_x", "it_xe", in_shape, "")
