@@ -46,6 +46,7 @@ PROJ = {"input_shape": [1, 9, 9], "layers": [              # residual first (no 
     {"type": "residual", "layers": [C(4, 8, s=2), BN(8)], "shortcut": [C(4, 8, k=1, s=2, p=0)]}, R,
     {"type": "globalavgpool2d"}, {"type": "flatten"}, {"type": "linear", "in_features": 8, "out_features": 5}]}
 E16 = lambda desc: {**desc, "error_bits": 16}  # noqa: E731  - 16-bit errors between layers (Q15 loss gradient)
+TV = lambda desc: {**desc, "weight_view": "tensor"}  # noqa: E731  - each int16 tensor's own int8-view shift (§1)
 
 
 def _data(shape, n=30, classes=5, seed=0):
@@ -53,9 +54,27 @@ def _data(shape, n=30, classes=5, seed=0):
     return rng.integers(-127, 128, size=(n, *shape)).astype(np.int8), rng.integers(0, classes, n)
 
 
-def _check(desc, steps=5, batch=8, lr=3, mom=None, x_exp=-7, data=None, **kw):
+def _check(desc, steps=5, batch=8, lr=3, mom=None, x_exp=-7, data=None, prepare=None, **kw):
+    """run_check on ``desc``'s seeded model; ``prepare(model)``: changes its initial codes (both copies)."""
     x, y = data if data is not None else _data(desc["input_shape"])
-    return run_check(lambda: Sequential.from_description(desc), x, x_exp, y, steps, batch, lr, mom, **kw)
+
+    def load():
+        m = Sequential.from_description(desc)
+        if prepare is not None:
+            prepare(m)
+        return m
+
+    return run_check(load, x, x_exp, y, steps, batch, lr, mom, **kw)
+
+
+def _rescale(ks):
+    """A ``prepare``: the i-th master tensor's codes times 2**-ks[i] (floor; ks[i] < 0: up, saturated at +-32767),
+    so that a tensor view's shifts spread over 0..8 (fresh int16 tensors: s = 6)."""
+    def prepare(model):
+        for (_, p), k in zip(model.named_params(), ks):
+            a = p.acc.astype(np.int64)
+            p.acc[:] = np.clip(a >> k if k >= 0 else a << -k, -32767, 32767)
+    return prepare
 
 
 @needs_cc
@@ -70,7 +89,11 @@ def _check(desc, steps=5, batch=8, lr=3, mom=None, x_exp=-7, data=None, **kw):
     ("e16_cnn_momentum_low_ram", E16(CNN), 2, True), ("e16_bn_residual", E16(BN_RES), None, False),
     ("e16_bn_residual_momentum_low_ram", E16(BN_RES), 2, True), ("e16_bn_residual_gain", E16(BN_RES_GAIN), 2, False),
     ("e16_projection", E16(PROJ), 2, False), ("e16_projection_low_ram", E16(PROJ), None, True),
-    ("e16_bn_16bit_inputs", E16(BN_WIDE), 2, False), ("e16_bn_16bit_inputs_low_ram", E16(BN_WIDE), None, True)])
+    ("e16_bn_16bit_inputs", E16(BN_WIDE), 2, False), ("e16_bn_16bit_inputs_low_ram", E16(BN_WIDE), None, True),
+    ("tensor_view_cnn_momentum_low_ram", TV(CNN), 2, True), ("tensor_view_bn_residual", TV(BN_RES), None, False),
+    ("tensor_view_bn_residual_gain", TV(BN_RES_GAIN), 2, False), ("tensor_view_bn_16bit_inputs", TV(BN_WIDE), 2, False),
+    ("e16_tensor_view_bn_residual_momentum_low_ram", E16(TV(BN_RES)), 2, True),
+    ("e16_tensor_view_bn_16bit_inputs", E16(TV(BN_WIDE)), None, False)])
 def test_codegen_bit_exact(name, desc, mom, low_ram):
     r = _check(desc, mom=mom, low_ram=low_ram)
     assert r.ok, r.message
@@ -169,6 +192,59 @@ def test_codegen_16bit_errors_narrow_batchnorm_gradients(monkeypatch, backward):
     assert r.ok, r.message
     assert r.changed > 0
     assert shifts[0][0] > 0 and shifts[0][1] > 0, shifts
+
+
+@needs_cc
+@pytest.mark.parametrize("error_bits", [8, 16])
+def test_codegen_tensor_view_shifts_0_to_8(monkeypatch, error_bits):
+    """weight_view "tensor": every int16 master tensor viewed at its own shift, computed from its codes at each
+    forward. The initial codes are scaled so that the shifts span 0 (a gamma of codes < 128, the zero betas) to 8 (a
+    convolution saturated at +-32767: its largest codes round to 128 and saturate to 127), with rne ties (s = 1);
+    C and micro identical. The same C built with the fixed view (IT_WEIGHT_VIEW_TENSOR 0) differs at step 1, so the
+    C really ran the tensors' shifts."""
+    from inttrain.micro.layers import view_shift
+
+    desc = {**TV(BN_RES), "error_bits": error_bits}
+    # layers.0.weight x 8 (saturated), 1.gamma / 64, 1.beta, 3.block.0.weight / 32, 3.block.1.gamma, 3.block.1.beta,
+    # 3.block.3.weight / 4, 7.weight
+    prepare = _rescale([-3, 6, 0, 5, 0, 0, 2, 0])
+    m = Sequential.from_description(desc)
+    prepare(m)
+    shifts = [view_shift(int(np.abs(p.acc).max()), 16, p.view) for _, p in m.named_params()]
+    assert shifts == [8, 0, 0, 1, 6, 0, 4, 6]
+    w0, w3 = m.named_params()[0][1].acc, m.named_params()[3][1].acc
+    assert int(np.abs(w0).max()) == 32767 and int(np.sum(w3 % 2)) > 0     # views saturate; rne ties at s = 1
+    r = _check(desc, mom=2, prepare=prepare)
+    assert r.ok, r.message
+    assert r.changed > 0
+    real = check_mod.generate
+
+    def fixed_view(*a, **kw):
+        gen = real(*a, **kw)
+        assert "#define IT_WEIGHT_VIEW_TENSOR 1\n" in gen.files["model_config.h"]
+        gen.files["model_config.h"] = gen.files["model_config.h"].replace("VIEW_TENSOR 1", "VIEW_TENSOR 0")
+        return gen
+
+    monkeypatch.setattr(check_mod, "generate", fixed_view)
+    r = _check(desc, mom=2, prepare=prepare)
+    assert not r.ok and r.message.startswith("step 1: "), r.message
+
+
+def test_codegen_weight_view_is_a_config_macro():
+    """The view is chosen by model_config.h alone (IT_WEIGHT_VIEW_TENSOR 0 / 1; the description in model.h's comment
+    says it): model.c is the same text, each linear / conv weight's shift taken in its forward (it_view_shift) and
+    reused by its input-gradient GEMM, the view's exponent that shift above the master codes'."""
+    fixed, tensor = (generate(Sequential.from_description(d), 4, 3).files for d in (BN_RES, TV(BN_RES)))
+    assert "#define IT_WEIGHT_VIEW_TENSOR 0\n" in fixed["model_config.h"]
+    assert "#define IT_WEIGHT_VIEW_TENSOR 1\n" in tensor["model_config.h"]
+    assert '"weight_view": "tensor"' in tensor["model.h"] and "weight_view" not in fixed["model.h"]
+    assert {k for k in fixed if fixed[k] != tensor[k]} == {"model_config.h", "model.h"}
+    c = tensor["model.c"]
+    assert "L3_b0_ws = it_view_shift(P3, 576u);" in c
+    assert "it_conv_fwd(&L3_b0_cv, L1_y, L1_ye, P3, L3_b0_ws, -14 + L3_b0_ws, " in c
+    assert re.search(r"it_conv_bwd_input\(&L3_b0_cv, \w+, \w+, P3, L3_b0_ws, -14 \+ L3_b0_ws, ", c)
+    assert re.search(r"it_linear_bwd_input\(\w+, \w+, P7, L7_ws, -15 \+ L7_ws, ", c)
+    assert "IT_W8_EXP_OFFSET" not in "".join(tensor.values())
 
 
 def test_codegen_16bit_error_buffers_take_two_bytes():
@@ -353,6 +429,26 @@ def _random_description(rng) -> dict:
     return {"input_shape": shape, "weight_bits": int(rng.choice([8, 16])), "rounding": rounding, "layers": [*layers, out]}
 
 
+def _random_network_check(trial: int, error_bits: int, tensor_view: bool = False) -> None:
+    rng = np.random.default_rng(1000 + trial)
+    desc = _random_description(rng)
+    if error_bits == 16:
+        desc["error_bits"] = 16
+    prepare = None
+    if tensor_view:                 # int16 masters (int8 ones have no shift), their codes scaled: shifts 0..8
+        desc.update(weight_bits=16, weight_view="tensor")
+        prepare = _rescale([int(k) for k in np.random.default_rng(2000 + trial).integers(-2, 8, 64)])
+    n, batch = int(rng.integers(3, 25)), int(rng.integers(1, 9))
+    x = rng.integers(-127, 128, size=(n, *desc["input_shape"])).astype(np.int8)
+    if rng.random() < 0.3:
+        x[:] = x[:1]
+    y = rng.integers(0, desc["layers"][-1]["out_features"], n)
+    mom = int(rng.integers(1, 5)) if rng.random() < 0.3 else None
+    r = _check(desc, steps=int(rng.integers(1, 8)), batch=batch, lr=int(rng.integers(0, 12)), mom=mom,
+               x_exp=int(rng.integers(-10, 4)), data=(x, y), low_ram=bool(rng.random() < 0.5), prepare=prepare)
+    assert r.ok, (r.message, desc)
+
+
 @needs_cc
 @pytest.mark.slow
 @pytest.mark.parametrize("error_bits", [8, 16])
@@ -361,16 +457,13 @@ def test_codegen_bit_exact_random_networks(trial, error_bits):
     """Random small networks, data (sometimes one repeated sample), exponents, batch sizes, learning rates
     (2**0: saturating updates) and momentum, with and without --low-ram, with 8- and 16-bit errors between
     layers (the same network, data and settings for both): C and micro identical."""
-    rng = np.random.default_rng(1000 + trial)
-    desc = _random_description(rng)
-    if error_bits == 16:
-        desc["error_bits"] = 16
-    n, batch = int(rng.integers(3, 25)), int(rng.integers(1, 9))
-    x = rng.integers(-127, 128, size=(n, *desc["input_shape"])).astype(np.int8)
-    if rng.random() < 0.3:
-        x[:] = x[:1]
-    y = rng.integers(0, desc["layers"][-1]["out_features"], n)
-    mom = int(rng.integers(1, 5)) if rng.random() < 0.3 else None
-    r = _check(desc, steps=int(rng.integers(1, 8)), batch=batch, lr=int(rng.integers(0, 12)), mom=mom,
-               x_exp=int(rng.integers(-10, 4)), data=(x, y), low_ram=bool(rng.random() < 0.5))
-    assert r.ok, (r.message, desc)
+    _random_network_check(trial, error_bits)
+
+
+@needs_cc
+@pytest.mark.slow
+@pytest.mark.parametrize("trial,error_bits", [(0, 8), (1, 16), (2, 8), (3, 16), (4, 8), (5, 16)])
+def test_codegen_bit_exact_random_networks_tensor_view(trial, error_bits):
+    """The same random networks with int16 masters viewed each at its own shift (weight_view "tensor"), their
+    initial codes scaled by random powers of two (up to saturation at +-32767): C and micro identical."""
+    _random_network_check(trial, error_bits, tensor_view=True)

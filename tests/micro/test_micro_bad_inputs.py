@@ -93,12 +93,6 @@ def test_unknown_weight_view_is_refused() -> None:
     assert "weight_view" not in validate_description({**MLP, "weight_view": "fixed"})
 
 
-def test_codegen_refuses_the_tensor_weight_view_it_cannot_reproduce() -> None:
-    from inttrain.micro.codegen.generate import generate
-
-    with pytest.raises(ValueError, match="codegen: weight_view 'tensor' is not in the C runtime yet"):
-        generate(Sequential.from_description({**MLP, "weight_view": "tensor"}), 4, 6)
-
 
 def test_memory_need_counts_16_bit_codes_and_errors_as_two_bytes() -> None:
     """A convolution handing its batch norm 16-bit codes keeps one more byte per output element, and so does every

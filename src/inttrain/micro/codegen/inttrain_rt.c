@@ -94,6 +94,27 @@ static int32_t requant_shift16(uint64_t m)      /* 16-bit codes: max |code| 3276
     return s > 0 ? s : 0;
 }
 
+int32_t it_view_shift(const it_wcode_t *w, uint32_t n)
+{
+#if IT_WEIGHT_BITS == 16 && IT_WEIGHT_VIEW_TENSOR
+    uint64_t m = 0;
+    uint32_t i;
+    for (i = 0; i < n; i++) {
+        uint64_t a = (uint64_t)(w[i] < 0 ? -(int32_t)w[i] : (int32_t)w[i]);
+        m = a > m ? a : m;
+    }
+    return requant_shift(m);                     /* the tensor's largest code to 7 bits, as requantization (§2) */
+#elif IT_WEIGHT_BITS == 16
+    (void)w;
+    (void)n;
+    return 8;
+#else
+    (void)w;
+    (void)n;
+    return 0;
+#endif
+}
+
 /* max |acc[i]| of n int32 accumulators (as uint64: |INT32_MIN| fits) */
 static uint64_t amax32(const int32_t *acc, uint32_t n)
 {
@@ -177,12 +198,12 @@ void it_update(it_wcode_t *w, int32_t *mom, int64_t grad, int32_t s, int mode, i
     *w = (it_wcode_t)IT_CLAMP(v, -IT_WMAX, IT_WMAX);
 }
 
-static int32_t linear_dot(const int8_t *xr, const it_wcode_t *wr, uint32_t in)
+static int32_t linear_dot(const int8_t *xr, const it_wcode_t *wr, int32_t ws, uint32_t in)
 {
     uint32_t i;
     int32_t sum = 0;
     for (i = 0; i < in; i++)
-        sum += (int32_t)xr[i] * it_w8(wr[i]);
+        sum += (int32_t)xr[i] * it_w8(wr[i], ws);
     return sum;
 }
 
@@ -193,8 +214,8 @@ static int8_t requant_one(int32_t v, int32_t s, int mode, uint32_t at)
     return (int8_t)IT_CLAMP(r, -127, 127);
 }
 
-int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
-                      uint32_t out, int32_t *acc, int8_t *y, int mode)
+int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t ws, int32_t we8, uint32_t n,
+                      uint32_t in, uint32_t out, int32_t *acc, int8_t *y, int mode)
 {
     uint32_t b, o;
     uint64_t m = 0;
@@ -204,7 +225,7 @@ int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t 
         memset(acc, 0, sizeof(int32_t) * n * out);
         for (o = 0; o < out; o++)
             for (i = 0; i < in; i++) {
-                int32_t wv = it_w8(w[o * in + i]);
+                int32_t wv = it_w8(w[o * in + i], ws);
                 if (wv)
                     for (b = 0; b < n; b++)
                         acc[b * out + o] += x[b * in + i] * wv;
@@ -213,25 +234,25 @@ int32_t it_linear_fwd(const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t 
     }
     for (b = 0; b < n; b++)
         for (o = 0; o < out; o++) {
-            int32_t v = linear_dot(x + b * in, w + o * in, in);
+            int32_t v = linear_dot(x + b * in, w + o * in, ws, in);
             uint64_t a = v < 0 ? (uint64_t)(-(int64_t)v) : (uint64_t)v;
             m = a > m ? a : m;
         }
     s = requant_shift(m);
     for (b = 0; b < n; b++)
         for (o = 0; o < out; o++)
-            y[b * out + o] = requant_one(linear_dot(x + b * in, w + o * in, in), s, mode, b * out + o);
+            y[b * out + o] = requant_one(linear_dot(x + b * in, w + o * in, ws, in), s, mode, b * out + o);
     return xe + we8 + s;
 }
 
-int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8, uint32_t n, uint32_t in,
-                            uint32_t out, int32_t *acc, it_ecode_t *gx, int mode)
+int32_t it_linear_bwd_input(const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t ws, int32_t we8, uint32_t n,
+                            uint32_t in, uint32_t out, int32_t *acc, it_ecode_t *gx, int mode)
 {
     uint32_t b, o, i;
     memset(acc, 0, sizeof(int32_t) * n * in);
     for (o = 0; o < out; o++)
         for (i = 0; i < in; i++) {
-            int32_t wv = it_w8(w[o * in + i]);
+            int32_t wv = it_w8(w[o * in + i], ws);
             if (wv)
                 for (b = 0; b < n; b++)
                     acc[b * in + i] += g[b * out + o] * wv;
@@ -260,7 +281,7 @@ static int32_t conv_src(uint32_t o, uint32_t i, uint32_t s, uint32_t p, uint32_t
     return (v < 0 || v >= (int32_t)len) ? -1 : v;
 }
 
-static int32_t conv_dot(const it_conv_t *cv, const int8_t *x, const it_wcode_t *w, uint32_t b, uint32_t o,
+static int32_t conv_dot(const it_conv_t *cv, const int8_t *x, const it_wcode_t *w, int32_t ws, uint32_t b, uint32_t o,
                         uint32_t a, uint32_t d)
 {
     uint32_t c, i, j, k = cv->k;
@@ -275,7 +296,7 @@ static int32_t conv_dot(const it_conv_t *cv, const int8_t *x, const it_wcode_t *
             for (j = 0; j < k; j++) {
                 int32_t ww = conv_src(d, j, cv->s, cv->p, cv->w);
                 if (ww >= 0)
-                    sum += (int32_t)xp[hh * cv->w + ww] * it_w8(wp[i * k + j]);
+                    sum += (int32_t)xp[hh * cv->w + ww] * it_w8(wp[i * k + j], ws);
             }
         }
     }
@@ -285,15 +306,15 @@ static int32_t conv_dot(const it_conv_t *cv, const int8_t *x, const it_wcode_t *
 /* Weight-stationary convolution sums, one int8 weight view per weight: forward (input_grad = 0) adds
  * x[b, c, hh, ww] * w8[o, c, i, j] into acc[b, o, a, d]; input_grad = 1 adds g[b, o, a, d] * w8[o, c, i, j] into
  * acc[b, c, hh, ww] (col2im), with hh = a*s + i - p, ww = d*s + j - p inside the image. acc is zeroed by the caller. */
-static void conv_scatter(const it_conv_t *cv, const int8_t *src, const it_wcode_t *w, uint32_t n, int32_t *acc,
-                         int input_grad)
+static void conv_scatter(const it_conv_t *cv, const int8_t *src, const it_wcode_t *w, int32_t ws, uint32_t n,
+                         int32_t *acc, int input_grad)
 {
     uint32_t b, o, c, i, j, a, d, k = cv->k, hw = cv->h * cv->w, ohw = cv->oh * cv->ow;
     for (o = 0; o < cv->o; o++)
         for (c = 0; c < cv->c; c++)
             for (i = 0; i < k; i++)
                 for (j = 0; j < k; j++) {
-                    int32_t wv = it_w8(w[((o * cv->c + c) * k + i) * k + j]);
+                    int32_t wv = it_w8(w[((o * cv->c + c) * k + i) * k + j], ws);
                     if (!wv)
                         continue;
                     for (b = 0; b < n; b++) {
@@ -327,15 +348,15 @@ static void conv_store(int8_t *y, int16_t *y16, uint32_t at, int32_t v, int32_t 
     }
 }
 
-static int32_t conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8,
-                        uint32_t n, int32_t *acc, int8_t *y, int16_t *y16, int mode)
+static int32_t conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t ws,
+                        int32_t we8, uint32_t n, int32_t *acc, int8_t *y, int16_t *y16, int mode)
 {
     uint32_t b, o, a, d, at = 0, len = n * cv->o * cv->oh * cv->ow;
     uint64_t m = 0;
     int32_t s = 0, pass;
     if (acc) {
         memset(acc, 0, sizeof(int32_t) * len);
-        conv_scatter(cv, x, w, n, acc, 0);
+        conv_scatter(cv, x, w, ws, n, acc, 0);
         if (!y16)
             return it_requant32(acc, len, y, xe + we8, mode);
         for (at = 0; at < len; at++) {
@@ -352,7 +373,7 @@ static int32_t conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const 
             for (o = 0; o < cv->o; o++)
                 for (a = 0; a < cv->oh; a++)
                     for (d = 0; d < cv->ow; d++, at++) {
-                        int32_t v = conv_dot(cv, x, w, b, o, a, d);
+                        int32_t v = conv_dot(cv, x, w, ws, b, o, a, d);
                         uint64_t av = v < 0 ? (uint64_t)(-(int64_t)v) : (uint64_t)v;
                         if (pass == 0)
                             m = av > m ? av : m;
@@ -365,23 +386,23 @@ static int32_t conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const 
     return xe + we8 + s;
 }
 
-int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
-                    int32_t *acc, int8_t *y, int mode)
+int32_t it_conv_fwd(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t ws, int32_t we8,
+                    uint32_t n, int32_t *acc, int8_t *y, int mode)
 {
-    return conv_fwd(cv, x, xe, w, we8, n, acc, y, 0, mode);
+    return conv_fwd(cv, x, xe, w, ws, we8, n, acc, y, 0, mode);
 }
 
-int32_t it_conv_fwd16(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t we8, uint32_t n,
-                      int32_t *acc, int16_t *y, int mode)
+int32_t it_conv_fwd16(const it_conv_t *cv, const int8_t *x, int32_t xe, const it_wcode_t *w, int32_t ws, int32_t we8,
+                      uint32_t n, int32_t *acc, int16_t *y, int mode)
 {
-    return conv_fwd(cv, x, xe, w, we8, n, acc, 0, y, mode);
+    return conv_fwd(cv, x, xe, w, ws, we8, n, acc, 0, y, mode);
 }
 
-int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t we8,
-                          uint32_t n, int32_t *acc, it_ecode_t *gx, int mode)
+int32_t it_conv_bwd_input(const it_conv_t *cv, const int8_t *g, int32_t ge, const it_wcode_t *w, int32_t ws,
+                          int32_t we8, uint32_t n, int32_t *acc, it_ecode_t *gx, int mode)
 {
     memset(acc, 0, sizeof(int32_t) * n * cv->c * cv->h * cv->w);
-    conv_scatter(cv, g, w, n, acc, 1);
+    conv_scatter(cv, g, w, ws, n, acc, 1);
     return it_requant32e(acc, n * cv->c * cv->h * cv->w, gx, ge + we8, mode);
 }
 
@@ -541,12 +562,13 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, const int16_t *x16, uint32
                   int8_t *y, int mode)
 {
     uint32_t c, b, j, hw = bn->hw, m_count = n * hw;
-    int32_t eg8 = gexp + IT_W8_EXP_OFFSET, eb8 = bexp + IT_W8_EXP_OFFSET, eo = eg8 - 7 + bn->gain_shift, s;
+    int32_t sg = it_view_shift(gamma, bn->c), sb = it_view_shift(beta, bn->c);  /* each tensor's own view (§1) */
+    int32_t eg8 = gexp + sg, eb8 = bexp + sb, eo = eg8 - 7 + bn->gain_shift, s;
     int32_t wide = x16 ? 8 : 0;                 /* 16-bit input: 8 more bits of reciprocal (spec §4.2) */
     uint64_t amax = 0;
     for (c = 0; c < bn->c; c++) {               /* pass 1: statistics, Xh, max |A| */
         int64_t sum = 0, mu, bal, inv;
-        int32_t mn = 32767, mx = -32767, g8 = it_w8(gamma[c]);
+        int32_t mn = 32767, mx = -32767, g8 = it_w8(gamma[c], sg);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 uint32_t at = (b * bn->c + c) * hw + j;
@@ -559,7 +581,7 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, const int16_t *x16, uint32
         range[c] = (uint16_t)(mx > mn ? mx - mn : 0);  /* <= 254 for int8 inputs, 65534 for 16-bit ones */
         live[c] = mx > mn;
         inv = range_reciprocal(range[c], 23 + wide);
-        bal = it_shift(it_w8(beta[c]), eo - eb8, mode, c);
+        bal = it_shift(it_w8(beta[c], sb), eo - eb8, mode, c);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 uint32_t at = (b * bn->c + c) * hw + j;
@@ -573,8 +595,8 @@ int32_t it_bn_fwd(const it_bn_t *bn, const int8_t *x, const int16_t *x16, uint32
     }
     s = requant_shift(amax);
     for (c = 0; c < bn->c; c++) {               /* pass 2: y = R_f(A) (recomputed: no int64 buffer) */
-        int64_t bal = it_shift(it_w8(beta[c]), eo - eb8, mode, c);
-        int32_t g8 = it_w8(gamma[c]);
+        int64_t bal = it_shift(it_w8(beta[c], sb), eo - eb8, mode, c);
+        int32_t g8 = it_w8(gamma[c], sg);
         for (b = 0; b < n; b++)
             for (j = 0; j < hw; j++) {
                 uint32_t at = (b * bn->c + c) * hw + j;
@@ -623,7 +645,8 @@ int32_t it_bn_bwd(const it_bn_t *bn, const it_ecode_t *g, int32_t ge, int32_t xe
                   int bwd_mode, int upd_mode, int32_t mshift)
 {
     uint32_t c, b, j, hw = bn->hw, m_count = n * hw;
-    int32_t kmin = 0, any = 0;
+    int32_t kmin = 0, any = 0, gs = it_view_shift(gamma, bn->c);   /* gamma's view shift before its update (below),
+                                                                      as the forward took it */
 #if IT_ERROR_BITS == 16
     /* 16-bit errors: the sums are int64, narrowed to int32 gradients by one shift per vector (rarely non-zero),
      * and h keeps 6 bits of fraction instead of 14 (spec §4.2) */
@@ -659,7 +682,7 @@ int32_t it_bn_bwd(const it_bn_t *bn, const it_ecode_t *g, int32_t ge, int32_t xe
             int64_t mb = it_rdiv(dbeta * 128, m_count) * 128, pg = it_rdiv(dgamma * 16384, sxx > 0 ? sxx : 1);
 #endif
             int64_t cap = ((int64_t)1 << 21) / (amx > 0 ? amx : 1);
-            int32_t g8 = it_w8(gamma[c]);
+            int32_t g8 = it_w8(gamma[c], gs);
             int64_t f = range_reciprocal(range[c], kmin + 15);    /* 2**(kmin - 1) / r <= 1 in Q16 */
             pg = pg > cap ? cap : (pg < -cap ? -cap : pg);
             for (b = 0; b < n; b++)
@@ -682,7 +705,7 @@ int32_t it_bn_bwd(const it_bn_t *bn, const it_ecode_t *g, int32_t ge, int32_t xe
     }
     if (!gx)
         return 0;
-    return it_requant32e(acc, m_count * bn->c, gx, ge - frac + gexp + IT_W8_EXP_OFFSET - xe - kmin + 1 + bn->gain_shift,
+    return it_requant32e(acc, m_count * bn->c, gx, ge - frac + gexp + gs - xe - kmin + 1 + bn->gain_shift,
                          bwd_mode);
 }
 
