@@ -6,15 +6,10 @@ import numpy as np
 
 from inttrain.micro import Sequential
 from inttrain.micro.model import save_model
+from micro_model_utils import RESIDUAL_BN
 
 SCRIPT = "integer_only_grad_probe"
-C = lambda i, o, s=1: {"type": "conv2d", "in_channels": i, "out_channels": o, "kernel_size": 3, "stride": s,  # noqa: E731
-                       "padding": 1}
-BN = {"type": "batchnorm", "num_features": 8, "gain_shift": 3}
-DESC = {"input_shape": [3, 8, 8], "seed": 0, "layers": [
-    C(3, 8), BN, {"type": "relu"}, {"type": "residual", "layers": [C(8, 8), BN, {"type": "relu"}, C(8, 8), BN]},
-    {"type": "relu"}, {"type": "globalavgpool2d"}, {"type": "flatten"},
-    {"type": "linear", "in_features": 8, "out_features": 4}]}
+DESC = RESIDUAL_BN
 
 
 def test_float_twin_matches_micro_forward_and_gradient_directions(bench, tmp_path, capsys) -> None:

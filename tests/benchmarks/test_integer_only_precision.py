@@ -6,14 +6,10 @@ import numpy as np
 
 from inttrain.micro import Sequential
 from inttrain.micro.model import save_model
+from micro_model_utils import RESIDUAL_BN
 
 SCRIPT = "integer_only_precision"
-C = lambda i, o: {"type": "conv2d", "in_channels": i, "out_channels": o, "kernel_size": 3, "padding": 1}  # noqa: E731
-BN = {"type": "batchnorm", "num_features": 8, "gain_shift": 3}
-DESC = {"input_shape": [3, 8, 8], "seed": 0, "layers": [
-    C(3, 8), BN, {"type": "relu"}, {"type": "residual", "layers": [C(8, 8), BN, {"type": "relu"}, C(8, 8), BN]},
-    {"type": "relu"}, {"type": "globalavgpool2d"}, {"type": "flatten"},
-    {"type": "linear", "in_features": 8, "out_features": 4}]}
+DESC = RESIDUAL_BN
 
 
 def test_fresh_weights_gain_12_db_from_their_own_shift_and_late_steps_are_smaller(bench, tmp_path, capsys) -> None:
