@@ -23,14 +23,15 @@ CNN = {"input_shape": [1, 8, 8], "layers": [
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A torch integer-only CNN trained 30 steps with momentum, its checkpoint run folder and test data."""
+    """A torch integer-only CNN trained 30 steps with momentum and remainders, its checkpoint run folder and test
+    data."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
     x = np.minimum(d.data * 8, 127).astype(np.int8).reshape(-1, 1, 8, 8)
     y = d.target.astype(np.int64)
     tm = T.Sequential.from_description(CNN)
-    opt = T.SGD(tm.params(), 7, momentum_shift=2)
+    opt = T.SGD(tm.params(), 7, momentum_shift=2, frac_bits=10)
     T.train_epoch(tm, opt, x[:960], -7, y[:960], 32)
     root = tmp_path_factory.mktemp("export")
     run = root / "run"
@@ -74,8 +75,9 @@ def test_export_checkpoint_file_and_model_folder(trained, tmp_path):
     assert (tmp_path / "a" / "weights.safetensors").read_bytes() == (tmp_path / "b" / "weights.safetensors").read_bytes()
     mm, state = load_checkpoint_model(run / "checkpoints" / "last.safetensors")
     assert state["integer_only"]["optimizer"] == {"lr_shift": 7, "rounding": "pstoch", "momentum_shift": 2}
-    for tp, mp in zip(tm.params(), mm.params()):                       # momentum buffers travel in the checkpoint
+    for tp, mp in zip(tm.params(), mm.params()):        # momentum buffers and remainders travel in the checkpoint
         assert np.array_equal(tp.mom.numpy(), mp.mom)
+        assert mp.frac.dtype == np.int16 and mp.frac.any() and np.array_equal(tp.frac.numpy(), mp.frac)
 
 
 def _err(capsys) -> str:

@@ -41,6 +41,9 @@ def _assert_same_weights(mm, tm):
         assert (mp.mom is None) == (tp.mom is None)
         if mp.mom is not None:
             assert tp.mom.dtype == torch.int32 and _eq(tp.mom, mp.mom), n
+        assert (mp.frac is None) == (tp.frac is None)
+        if mp.frac is not None:
+            assert tp.frac.dtype == torch.int16 and _eq(tp.frac, mp.frac), n
 
 
 def _lockstep(desc, data, steps, lr_shift, momentum_shift=None, batch=32, schedule=None, **opt_kw):
@@ -121,8 +124,12 @@ def test_cnn_int8_weights_with_momentum_lockstep(digits):
     (CNN2, {"lr_mode": "norm", "lr_bits": 12, "adapt_exp": True, "momentum_shift": 2, "decay_shift": 6}),
     ({**MLP, "weight_bits": 8}, {"lr_mode": "norm", "lr_bits": 5, "adapt_exp": True, "momentum_shift": 1}),
     (MLP, {"lr_mode": "shift", "lr_shift": 2, "adapt_exp": True}),
-    (CNN2, {"lr_mode": "norm", "lr_bits": 14, "adapt_exp": True, "l2_shift": 2})],
-    ids=["mlp-norm", "cnn-norm-mom-decay", "mlp-int8-norm", "mlp-shift-adapt", "cnn-norm-l2"])
+    (CNN2, {"lr_mode": "norm", "lr_bits": 14, "adapt_exp": True, "l2_shift": 2}),
+    (CNN2, {"lr_mode": "norm", "lr_bits": 14, "adapt_exp": True, "frac_bits": 8}),
+    (MLP, {"lr_mode": "norm", "lr_bits": 14, "adapt_exp": True, "frac_bits": 15, "momentum_shift": 3,
+           "decay_shift": 9})],
+    ids=["mlp-norm", "cnn-norm-mom-decay", "mlp-int8-norm", "mlp-shift-adapt", "cnn-norm-l2", "cnn-norm-frac8",
+         "mlp-norm-frac15-mom-decay"])
 def test_norm_rule_schedule_and_exponent_adaptation_lockstep(digits, desc, kw):
     """The CLI's default update (norm rule, cosine multiplier with warm-up, adapted exponents) and its options:
     bit-exact in both engines, exponents included; the large steps make the exponents move."""

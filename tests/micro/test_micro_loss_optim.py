@@ -163,6 +163,46 @@ def test_decay_shrinks_toward_zero():
     assert p.acc.tolist() == [960, -960, 3]                            # 1024 / 16 = 64; 3 / 16 rounds to 0
 
 
+def test_frac_bits_adds_up_steps_below_one_code():
+    """--frac-bits F: steps of 1/4, 1/2 and 3/4 code, each rounded to a whole code (rne), are lost or doubled;
+    kept in a remainder of 2 fraction bits they add up to exactly 1, 2 and 3 codes after four steps."""
+    from inttrain.micro.optim import SGD as S
+
+    def run(**kw):
+        p = Param(np.zeros(4, dtype=np.int16), 0, 16)
+        opt = S([p], lr_mode="shift", lr_shift=2, rounding="rne", **kw)   # U = g / 4 codes
+        for _ in range(4):
+            p.grad, p.grad_exp = np.array([1, -1, 2, 3], dtype=np.int32), 0
+            opt.step()
+        return p
+    assert run().acc.tolist() == [0, 0, 0, -4]           # 1/4 and 1/2 round to 0 (ties to even), 3/4 to 1
+    p = run(frac_bits=2)
+    assert p.acc.tolist() == [-1, 1, -2, -3] and p.frac.dtype == np.int16 and p.frac.tolist() == [0, 0, 0, 0]
+    q = Param(np.zeros(2, dtype=np.int16), 0, 16)        # codes are rne of the whole value, remainder in +-2**(F-1)
+    opt = S([q], lr_mode="shift", lr_shift=3, rounding="rne", frac_bits=3)
+    q.grad, q.grad_exp = np.array([5, -3], dtype=np.int32), 0
+    opt.step()                                           # -5/8 and +3/8 codes
+    assert q.acc.tolist() == [-1, 0] and q.frac.tolist() == [3, 3]
+    with pytest.raises(ValueError, match="frac_bits"):
+        S([q], frac_bits=16)
+
+
+def test_frac_bits_saturation_and_exponent_adaptation_act_on_the_whole_value():
+    from inttrain.micro.optim import SGD as S
+
+    p = Param(np.array([32767, 16383], dtype=np.int16), 0, 16)
+    p.frac = np.array([0, 8], dtype=np.int16)            # 16383.5 codes with F = 4
+    p.grad, p.grad_exp = np.array([-64, -8], dtype=np.int32), 0
+    S([p], lr_mode="shift", lr_shift=4, rounding="rne", frac_bits=4).step()   # +4 and +0.5 codes
+    assert p.acc.tolist() == [32767, 16384] and p.frac.tolist() == [0, 0] and p.exp == 0   # saturated, no remainder
+    a = Param(np.array([16383, -5], dtype=np.int16), 0, 16)
+    a.frac = np.array([8, 3], dtype=np.int16)
+    a.grad, a.grad_exp = np.array([-8, 0], dtype=np.int32), 0
+    S([a], lr_mode="shift", lr_shift=4, rounding="rne", frac_bits=4, adapt_exp=True).step()
+    # 16384 codes reach half the range: the whole values halve, rne at 1/16 code (16384 -> 8192; -77/16 -> -38/16)
+    assert a.exp == 1 and a.acc.tolist() == [8192, -2] and a.frac.tolist() == [0, -6]
+
+
 def test_l2_shift_adds_lambda_w_to_the_gradient_in_its_units():
     """--l2-shift L: the step rule sees grad + 2**-L * W written at the gradient's exponent (a left shift when the
     gradient's units are finer than W's, an rne right shift when coarser), so the decay follows the lr."""

@@ -57,7 +57,7 @@ def _same_run(a: Path, b: Path) -> None:
 
 def test_resume_after_max_seconds_stops_is_bit_identical(files, tmp_path, capsys):
     common = [str(files / "mlp.json"), str(files / "tr.npz"), "--val", str(files / "va.npz"), "--epochs", "3",
-              "--momentum-shift", "2", "--log-every", "0"]
+              "--momentum-shift", "2", "--frac-bits", "12", "--log-every", "0"]
     assert main(["train", *common, "--out", str(tmp_path / "whole")]) == 0
     assert main(["train", *common, "--out", str(tmp_path / "parts"), "--max-seconds", "0"]) == 0
     out = capsys.readouterr().out
@@ -73,6 +73,23 @@ def test_resume_after_max_seconds_stops_is_bit_identical(files, tmp_path, capsys
     _same_run(tmp_path / "whole", tmp_path / "parts")
     model, _ = load_run(tmp_path / "parts")
     assert all(p.mom is not None and p.mom.any() for p in model.params())   # momentum buffers carried over
+    assert all(p.frac is not None and p.frac.dtype == np.int16 and p.frac.any() for p in model.params())  # remainders
+
+
+def test_checkpoint_remainder_that_matches_no_parameter_is_one_error(files, tmp_path, capsys):
+    from inttrain.micro.io import write_safetensors
+
+    run = tmp_path / "run"
+    assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--epochs", "1", "--frac-bits", "8",
+                 "--log-every", "0", "--out", str(run)]) == 0
+    tensors, meta = read_safetensors(run / "checkpoint.safetensors")
+    name = next(k for k in tensors if k.startswith("remainder/"))
+    tensors[name] = tensors[name].astype(np.int32)
+    write_safetensors(run / "checkpoint.safetensors", tensors, meta)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run)]) == 2
+    assert _one_error(capsys) == (f"error: {run / 'checkpoint.safetensors'}: remainder {name[len('remainder/'):]!r} "
+                                  "does not match a parameter (int16, the parameter's shape)")
 
 
 def test_kill_mid_run_then_resume_is_bit_identical(files, tmp_path):
@@ -183,6 +200,9 @@ def test_limits_are_refused_before_training(files, tmp_path, capsys):
     assert _one_error(capsys) == "error: --bn-lr-bits -1: allowed: 0..14"
     assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--l2-shift", "31", "--out", out]) == 2
     assert _one_error(capsys) == "error: --l2-shift 31: allowed: 0..30"
+    for bad in ("0", "16"):
+        assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--frac-bits", bad, "--out", out]) == 2
+        assert _one_error(capsys) == f"error: --frac-bits {bad}: allowed: 1..15"
     assert main(["train", "--resume", str(tmp_path)]) == 2
     assert "no checkpoint.json there" in _one_error(capsys)
     assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--epochs", "1", "--out", out]) == 0

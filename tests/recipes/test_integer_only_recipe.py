@@ -203,6 +203,18 @@ def test_weight_view_tensor_is_written_into_the_description_and_survives_save_an
         IntegerOnlyConfig(weight_view="channel")
 
 
+def test_frac_bits_reaches_the_optimizer_and_is_range_checked():
+    from inttrain.models.resnet import CifarResNet
+    from inttrain.recipes.integer_only import optimizer
+
+    m = convert(CifarResNet(8, 10, 3), IntegerOnlyConfig(drop_bias=True), input_shape=[3, 16, 16])
+    assert optimizer(m, IntegerOnlyConfig(frac_bits=12)).frac_bits == 12
+    assert optimizer(m, IntegerOnlyConfig()).frac_bits is None
+    for bad in (0, 16, True):
+        with pytest.raises(ValueError, match=rf"integer-only frac_bits={bad!r}: allowed None or 1\.\.15"):
+            IntegerOnlyConfig(frac_bits=bad)
+
+
 def _flat_layers(layers):
     for layer in layers:
         yield layer

@@ -31,10 +31,12 @@ __all__ = ["CHECKPOINT_FORMAT", "save_checkpoint", "load_checkpoint_model", "res
 
 CHECKPOINT_FORMAT = "inttrain.integer_only/1"
 _MOM = "momentum/"
+_FRAC = "remainder/"          # the optimizer's int16 remainders below one code (SGD(frac_bits=))
 
 
 def save_checkpoint(model, run_dir: str | Path, name: str = "last", opt=None, extra: dict | None = None) -> Path:
-    """Write ``run_dir/checkpoints/NAME.safetensors`` (master codes, momentum buffers) + ``NAME.state.pt``.
+    """Write ``run_dir/checkpoints/NAME.safetensors`` (master codes, momentum buffers, remainders) +
+    ``NAME.state.pt``.
 
     The state holds the model description, each parameter's bit width and exponent, the optimizer's
     settings and ``config = {"recipe": "integer-only"}`` (plain containers: ``torch.load(weights_only=True)``).
@@ -47,6 +49,8 @@ def save_checkpoint(model, run_dir: str | Path, name: str = "last", opt=None, ex
         params[n] = {"bits": int(p.bits), "exp": int(p.exp)}
         if p.mom is not None:
             weights[_MOM + n] = p.mom
+        if p.frac is not None:
+            weights[_FRAC + n] = p.frac
     state = {"config": {"recipe": "integer-only"},
              "integer_only": {"format": CHECKPOINT_FORMAT, "description": json.dumps(model.desc), "params": params}}
     if opt is not None:
@@ -106,11 +110,14 @@ def load_checkpoint_model(weights_path: str | Path):
         raise MicroFormatError(f"{s_path}: integer_only.description must be a JSON object")
     validate_description(desc, f"{s_path} (integer_only.description)")
     model = micro.Sequential.from_description(desc)
-    tensors, moms = {}, {}
+    tensors, moms, fracs = {}, {}, {}
     for k, t in weights.items():
         if t.dtype.is_floating_point or t.dtype.is_complex:
             raise MicroFormatError(f"{w_path}: tensor {k!r} is {t.dtype}; integer-only codes are integers")
-        (moms if k.startswith(_MOM) else tensors)[k.removeprefix(_MOM)] = t.numpy()
+        if k.startswith(_FRAC):
+            fracs[k.removeprefix(_FRAC)] = t.numpy()
+        else:
+            (moms if k.startswith(_MOM) else tensors)[k.removeprefix(_MOM)] = t.numpy()
     set_params(model, io.get("params"), tensors, f"{s_path} (integer_only.params)", str(w_path))
     named = dict(model.named_params())
     for k, v in moms.items():
@@ -119,6 +126,10 @@ def load_checkpoint_model(weights_path: str | Path):
         if v.size and int(v.min()) < -(2**31 - 1):
             raise MicroFormatError(f"{w_path}: momentum buffer {k!r} holds -2**31 (momentum saturates at ±(2**31 - 1))")
         named[k].mom = v.copy()
+    for k, v in fracs.items():
+        if k not in named or v.dtype != np.int16 or v.shape != named[k].acc.shape:
+            raise MicroFormatError(f"{w_path}: remainder {k!r} ({v.dtype} {v.shape}) matches no parameter")
+        named[k].frac = v.copy()
     return model, state
 
 

@@ -42,6 +42,7 @@ class Param:
         self.grad: torch.Tensor | None = None
         self.grad_exp = 0
         self.mom: torch.Tensor | None = None
+        self.frac: torch.Tensor | None = None     # micro's Param.frac
 
     @classmethod
     def from_micro(cls, p, device: torch.device | str | None = None) -> "Param":

@@ -47,7 +47,7 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 #: ``train`` defaults (chosen from the runs in docs/integer-training.md §7 "Choosing the defaults"). The
 #: options are parsed with None so that ``--resume`` can tell which ones were given.
 TRAIN_DEFAULTS = {"epochs": 10, "batch_size": 32, "lr_mode": "norm", "lr_bits": 10, "bn_lr_bits": None, "lr_shift": 8,
-                  "momentum_shift": None, "decay_shift": None, "l2_shift": None, "schedule": "cosine", "warmup_epochs": 0.25,
+                  "momentum_shift": None, "decay_shift": None, "l2_shift": None, "frac_bits": None, "schedule": "cosine", "warmup_epochs": 0.25,
                   "step_every": None, "adapt_exp": True, "seed": 0, "augment": "none"}
 ROUNDING_OPTS = ("forward_rounding", "backward_rounding", "update_rounding")
 _EXAMPLES = {
@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--l2-shift", type=int, help="L2 weight decay: 2**-L * W added to the summed-batch gradient before "
                    "the step rule, as torch SGD's weight_decay x the batch size (L = 4: 5e-4 at batch 128), 0..30 "
                    "(default: off)")
+    t.add_argument("--frac-bits", type=int, help="keep each master weight's steps below one code in an int16 "
+                   "remainder of F fraction bits, 1..15, so small late steps add up instead of being rounded to "
+                   "whole codes one by one (default: off)")
     t.add_argument("--no-adapt-exp", dest="adapt_exp", action="store_const", const=False, default=None,
                    help="keep weight exponents fixed (default: a tensor reaching half its code range is halved and "
                         "its exponent raised, so no master weight sits at the integer limit)")

@@ -68,7 +68,8 @@ class Param:
 
     The forward uses the int8 view: for bits == 16, w8 = saturate(shift_round(acc, s, rne)) at exp + s with
     s = :func:`view_shift` (8, or the tensor's own shift when ``view`` is "tensor"); for bits == 8 the codes
-    themselves. ``grad``/``grad_exp`` hold the last gradient, ``mom`` the int32 momentum buffer of the optimizer.
+    themselves. ``grad``/``grad_exp`` hold the last gradient, ``mom`` the int32 momentum buffer of the optimizer,
+    ``frac`` its int16 remainders below one code (``SGD(frac_bits=)``; the weight is acc + frac * 2**-frac_bits).
     """
 
     def __init__(self, acc: np.ndarray, exp: int, bits: int):
@@ -83,6 +84,7 @@ class Param:
         self.grad: np.ndarray | None = None
         self.grad_exp = 0
         self.mom: np.ndarray | None = None
+        self.frac: np.ndarray | None = None
 
     def int8(self) -> IntTensor:
         if self.bits == 8:

@@ -26,6 +26,13 @@ every int16 code below 8192.
 ``adapt_exp``: after the step, a tensor whose largest |code| reached 2**(bits-2) (half its range) is
 halved (rne) and its exponent raised by one (the momentum buffer likewise), so master weights keep
 headroom and never sit at the saturation limit; the value is unchanged up to the halved rounding.
+``frac_bits`` F (None: off): each master weight keeps the part of its steps below one code in an int16 remainder
+``frac`` of F fraction bits (|frac| <= 2**(F-1)), so the weight is W + frac * 2**-F: the step is rounded at 2**-F codes
+instead of one code, and the codes W the forward reads are rne(T / 2**F) of the whole T = W * 2**F + frac.  Why: late
+in a cosine schedule most steps are a small fraction of a code, and rounding each one to a whole code stochastically
+adds noise whose variance falls only as fast as the step (Li et al., "Training Quantized Nets: A Deeper
+Understanding", NeurIPS 2017, Sec. 5: without a high-precision copy of the weights the annealing cannot settle);
+the remainder is that copy, F more bits, kept apart so the codes keep their width, exponent and view.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ SCHEDULES = ("const", "step", "cosine")
 ONE_Q8 = 256
 #: |grad + lambda * W| saturates here (l2_shift): times the Q8 multiplier it stays inside int64.
 L2_LIMIT = (1 << 46) - 1
+#: The most fraction bits a master weight's remainder may keep (int16 remainders, |frac| <= 2**(F-1)).
+FRAC_BITS_MAX = 15
 # 0.5 * (1 + cos(pi * i / 256)) in Q8, i = 0..256: the cosine schedule's multipliers (integers, so both
 # engines and any board use the same table; sum stated in the docs as a checksum)
 COS_Q8 = tuple(int(math.floor(128 * (1 + math.cos(math.pi * i / 256)) + 0.5)) for i in range(257))
@@ -92,7 +101,8 @@ class SGDCore:
 
     def __init__(self, params: list, lr_shift: int = 6, momentum_shift: int | None = None,
                  rounding: str = "pstoch", *, lr_mode: str = "shift", lr_bits: int = 4, adapt_exp: bool = False,
-                 decay_shift: int | None = None, bn_lr_bits: int | None = None, l2_shift: int | None = None):
+                 decay_shift: int | None = None, bn_lr_bits: int | None = None, l2_shift: int | None = None,
+                 frac_bits: int | None = None):
         if lr_mode not in LR_MODES:
             raise ValueError(f"unknown lr_mode {lr_mode!r}; allowed: {', '.join(LR_MODES)}")
         if not 0 <= int(lr_shift) <= 62:
@@ -107,7 +117,10 @@ class SGDCore:
             raise ValueError("decay_shift must be in [1, 30]")
         if l2_shift is not None and not 0 <= int(l2_shift) <= 30:
             raise ValueError("l2_shift must be in [0, 30]")
+        if frac_bits is not None and not 1 <= int(frac_bits) <= FRAC_BITS_MAX:
+            raise ValueError(f"frac_bits must be in [1, {FRAC_BITS_MAX}]")
         self.l2_shift = None if l2_shift is None else int(l2_shift)
+        self.frac_bits = None if frac_bits is None else int(frac_bits)
         self.params, self.lr_shift, self.momentum_shift, self.rounding = params, int(lr_shift), momentum_shift, rounding
         self.lr_mode, self.lr_bits, self.adapt_exp, self.decay_shift = lr_mode, int(lr_bits), bool(adapt_exp), decay_shift
         self.bn_lr_bits = None if bn_lr_bits is None else int(bn_lr_bits)
@@ -117,7 +130,8 @@ class SGDCore:
         """The optimizer's settings (recorded in saved models and checkpoints)."""
         return {"lr_mode": self.lr_mode, "lr_shift": self.lr_shift, "lr_bits": self.lr_bits,
                 "momentum_shift": self.momentum_shift, "rounding": self.rounding, "adapt_exp": self.adapt_exp,
-                "decay_shift": self.decay_shift, "bn_lr_bits": self.bn_lr_bits, "l2_shift": self.l2_shift}
+                "decay_shift": self.decay_shift, "bn_lr_bits": self.bn_lr_bits, "l2_shift": self.l2_shift,
+                "frac_bits": self.frac_bits}
 
     def gradient(self, p):
         """The gradient the step rule sees, at exponent p.grad_exp: p.grad, plus W * 2**-l2_shift in those units
@@ -139,11 +153,12 @@ class SGDCore:
         return None if top == 0 else top - bits + p.exp - p.exp0
 
     def update_codes(self, p):
-        """The (signed) step in codes of p.acc before momentum."""
+        """The (signed) step before momentum, in units of 2**-frac_bits codes of p.acc (whole codes when off)."""
         ops, g = self.OPS, self.gradient(p)
         s = self.step_shift(p, g)
         if s is None:
             return ops.zeros(p.grad, 64)
+        s -= self.frac_bits or 0
         if self.multiplier == ONE_Q8:
             return ops.shift(g, s, self.rounding, INT32_MAX)
         return ops.shift(ops.wide(g) * self.multiplier, s + 8, self.rounding, INT32_MAX)
@@ -151,6 +166,7 @@ class SGDCore:
     def step_param(self, p) -> None:
         """Momentum, decay, the saturating update and the exponent adaptation of one parameter."""
         ops = self.OPS
+        f = self.frac_bits or 0
         u = self.update_codes(p)
         if self.momentum_shift is not None:
             if p.mom is None:
@@ -160,16 +176,22 @@ class SGDCore:
             p.mom = ops.int32(v)
             u = v
         w = ops.wide(p.acc)
+        if f:                                  # the whole weight in 2**-f codes: codes and remainder
+            w = w * (1 << f) + (ops.wide(p.frac) if p.frac is not None else 0)
         if self.decay_shift is not None:
             u = u + ops.shift_round(w, self.decay_shift, "rne")
-        m = qmax(p.bits)
+        m = qmax(p.bits) << f
         w = ops.clip(w - u, -m, m)
-        if self.adapt_exp and ops.absmax(w) >= 1 << (p.bits - 2):
+        codes = ops.shift_round(w, f, "rne") if f else w
+        if self.adapt_exp and ops.absmax(codes) >= 1 << (p.bits - 2):
             w = ops.shift_round(w, 1, "rne")
+            codes = ops.shift_round(w, f, "rne") if f else w
             p.exp += 1
             if p.mom is not None:
                 p.mom = ops.int32(ops.shift_round(p.mom, 1, "rne"))
-        p.acc = ops.cast_like(w, p.acc)
+        if f:
+            p.frac = ops.int16(w - codes * (1 << f))
+        p.acc = ops.cast_like(codes, p.acc)
         p.grad = None
 
     def step(self) -> None:
@@ -191,7 +213,8 @@ class SGD(SGDCore):
         |U| <= 2**30 + 1 and W - U cannot overflow int32) and, for rne, no overflow of G + 2**(s-1). None: use
         the int64 path."""
         if (self.lr_mode != "shift" or self.multiplier != ONE_Q8 or self.momentum_shift is not None
-                or self.adapt_exp or self.decay_shift is not None or self.l2_shift is not None):
+                or self.adapt_exp or self.decay_shift is not None or self.l2_shift is not None
+                or self.frac_bits is not None):
             return None
         s = p.exp + self.lr_shift - p.grad_exp
         g = p.grad

@@ -20,11 +20,11 @@ from .errors import MicroFormatError
 from .io import read_json
 from .model import (EpochState, Sequential, check_input, evaluate, load_data, load_model, run_epoch,
                     validate_description)
-from .optim import SGD, Schedule, default_bn_lr_bits, saturation
+from .optim import FRAC_BITS_MAX, SGD, Schedule, default_bn_lr_bits, saturation
 
 _RANGES = {"epochs": (0, 1 << 20), "batch_size": (1, 1 << 24), "lr_bits": (0, 14), "bn_lr_bits": (0, 14),
            "lr_shift": (0, 62),
-           "momentum_shift": (1, 16), "decay_shift": (1, 30), "l2_shift": (0, 30), "step_every": (1, 1 << 20), "seed": (0, 2**32 - 1)}
+           "momentum_shift": (1, 16), "decay_shift": (1, 30), "l2_shift": (0, 30), "frac_bits": (1, FRAC_BITS_MAX), "step_every": (1, 1 << 20), "seed": (0, 2**32 - 1)}
 
 
 def _fingerprint(x: np.ndarray, y: np.ndarray) -> int:
@@ -169,7 +169,8 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib, signals: lis
     opt = SGD(model.params(), s["lr_shift"], s["momentum_shift"], model.desc["rounding"]["update"],
               lr_mode=s["lr_mode"], lr_bits=s["lr_bits"], adapt_exp=s["adapt_exp"], decay_shift=s["decay_shift"],
               bn_lr_bits=s.get("bn_lr_bits"),                 # runs saved before --bn-lr-bits: lr_bits for all
-              l2_shift=s.get("l2_shift"))                     # and before --l2-shift: none
+              l2_shift=s.get("l2_shift"),                     # and before --l2-shift: none
+              frac_bits=s.get("frac_bits"))                   # and before --frac-bits: none
     spe = -(-len(x) // s["batch_size"])                      # steps per epoch
     epochs = s["epochs"]
     sched = Schedule(s["schedule"], max(1, epochs * spe), int(round(s["warmup_epochs"] * spe)), s["step_every"] * spe)
@@ -180,6 +181,7 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib, signals: lis
     print(f"train: {len(x)} samples, {sum(p.acc.size for p in model.params())} weights, "
           f"{model.desc['weight_bits']}-bit weight accumulators, {s['lr_mode']} rule ({rule}), {s['schedule']} "
           f"schedule, {spe} steps/epoch, rounding {'/'.join(model.desc['rounding'].values())}"
+          + (f", {s['frac_bits']} fraction bits below each master code" if s.get("frac_bits") else "")
           + (f", {model.err_bits}-bit errors" if model.err_bits != 8 else "")
           + (", int8 weight views at each tensor's own shift" if model.desc.get("weight_view") == "tensor" else "")
           + (f", augment {augment}" if augment not in (None, "none") else "")

@@ -38,7 +38,7 @@ from .. import integer_only as T
 from .. import micro
 from ..micro.layers import MAX_GAIN_SHIFT, WEIGHT_VIEWS
 from ..micro.ops import ROUNDING_MODES, qmax
-from ..micro.optim import default_bn_lr_bits
+from ..micro.optim import FRAC_BITS_MAX, default_bn_lr_bits
 
 __all__ = ["IntegerOnlyConfig", "convert", "optimizer", "describe", "float_to_codes"]
 
@@ -63,6 +63,9 @@ class IntegerOnlyConfig:
         decay_shift: ``None`` or ``D``: weight decay ``W -= rne(W / 2**D)`` per step (1..30).
         l2_shift: ``None`` or ``L``: L2 weight decay, ``2**-L * W`` added to the summed-batch gradient before the
             step rule (torch SGD's ``weight_decay`` times the batch size: ``L = 4`` is 5e-4 at batch 128; 0..30).
+        frac_bits: ``None`` or ``F`` (1..15): each master weight keeps the part of its steps below one code in an
+            int16 remainder of ``F`` fraction bits, so the many sub-code steps late in a schedule add up instead
+            of each being rounded to a whole code (docs/integer-training.md §7).
         The schedule is the training loop's: ``inttrain.micro.optim.Schedule`` passed to ``train_epoch``.
         weight_bits: master weights, 16 (int16 accumulators) or 8 (NITI's int8 weights).
         drop_bias: biases are not part of the arithmetic; ``False`` refuses a model with a non-zero bias,
@@ -106,6 +109,7 @@ class IntegerOnlyConfig:
     adapt_exp: bool = True
     decay_shift: int | None = None
     l2_shift: int | None = None
+    frac_bits: int | None = None
     weight_bits: int = 16
     drop_bias: bool = False
     seed: int = 0
@@ -122,7 +126,7 @@ class IntegerOnlyConfig:
             raise ValueError(f"integer-only lr_mode={self.lr_mode!r}: allowed 'norm' or 'shift'")
         for f, lo, hi, optional in (("lr_shift", 0, 62, False), ("lr_bits", 0, 14, False),
                                     ("momentum_shift", 1, 16, True), ("decay_shift", 1, 30, True),
-                                    ("l2_shift", 0, 30, True),
+                                    ("l2_shift", 0, 30, True), ("frac_bits", 1, FRAC_BITS_MAX, True),
                                     ("bn_lr_bits", 0, 14, True), ("bn_gain_shift", 0, MAX_GAIN_SHIFT, False)):
             v = getattr(self, f)
             if optional and v is None:
@@ -296,5 +300,5 @@ def optimizer(model: T.Sequential, config: IntegerOnlyConfig | None = None) -> T
     config = config or IntegerOnlyConfig()
     return T.SGD(model.params(), config.lr_shift, config.momentum_shift, config.update_rounding,
                  lr_mode=config.lr_mode, lr_bits=config.lr_bits, adapt_exp=config.adapt_exp,
-                 decay_shift=config.decay_shift, l2_shift=config.l2_shift,
+                 decay_shift=config.decay_shift, l2_shift=config.l2_shift, frac_bits=config.frac_bits,
                  bn_lr_bits=default_bn_lr_bits(config.lr_bits) if config.bn_lr_bits is None else config.bn_lr_bits)
