@@ -1,0 +1,161 @@
+"""An integer-only model's update rule in float: is integer-only's gap the arithmetic or the optimizer?
+
+    python benchmarks/integer_only_float_rule.py INIT_DIR TRAIN.npz VAL.npz --out DIR [--rule norm|sgd]
+        [--epochs 30] [--batch-size 128] [--seed 0] [--augment crop-flip]
+
+INIT_DIR is a saved ``inttrain.micro`` model before training (an ``init/`` folder of a ``benchmarks/accuracy_full.py``
+integer-only job), TRAIN.npz / VAL.npz micro's data files of that job.  The model's float32 twin (the same
+layers, standard batch norm, initialized with the dequantized master weights; ``micro_vs_float.float_twin``) is
+trained on the same batches in the same order with the same crops as ``python -m inttrain.micro train --seed SEED
+--augment crop-flip`` (order ``default_rng(seed + epoch)``, crops ``default_rng((seed + epoch, step))``), on the
+inputs' real values (codes * 2**x_exp), with
+
+* ``--rule norm``: micro's update rule in float (docs/integer-training.md §7, the device CLI's defaults): each
+  tensor's step is its gradient scaled so the largest element moves ``2**lr_bits`` codes at the tensor's initial
+  exponent (``2**(bn_lr_bits)`` for batch-norm gamma / beta), times micro's cosine multiplier with a quarter-epoch
+  warm-up; no momentum, no weight decay, no rounding;
+* ``--rule sgd``: SGD momentum 0.9 nesterov, weight decay 5e-4, lr ``--lr`` times the same multiplier (the
+  accuracy benchmark's fp32 optimizer on micro's schedule).
+
+Against the integer-only job's row at the same seed it splits the gap: float with micro's rule vs integer
+(the arithmetic), float with micro's rule vs float with SGD (the update rule).  The run folder holds
+``state.pt`` (resumed after an interruption: rerun the same command) and ``history.json`` (loss, training and
+held-out accuracy per epoch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import inttrain  # noqa: F401
+except ImportError:  # a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from inttrain.micro.augment import augment_batch  # noqa: E402
+from inttrain.micro.model import load_data, load_model  # noqa: E402
+from inttrain.micro.optim import Schedule, default_bn_lr_bits  # noqa: E402
+from micro_vs_float import float_twin  # noqa: E402
+
+RULES = ("norm", "sgd")
+
+
+def norm_rule_step(params: list[tuple[torch.nn.Parameter, int]], multiplier: int) -> None:
+    """micro's norm rule in float: ``p -= g * 2**(bits + exp0 - e) * m / 256`` with ``2**(e-1) <= max|g| < 2**e``
+    (micro's ``bitlen`` of the integer gradient, in real units), per tensor; an all-zero gradient takes no step."""
+    with torch.no_grad():
+        for p, bits in params:
+            top = float(p.grad.abs().max())
+            if top == 0:
+                continue
+            e = math.frexp(top)[1]
+            p.sub_(p.grad * (2.0 ** (bits + p.exp0 - e) * multiplier / 256))
+
+
+def train(args: argparse.Namespace) -> list[dict[str, Any]]:
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    model = load_model(args.init)
+    net = float_twin(model).float()
+    x, x_exp, y = load_data(args.train, model.desc["num_classes"])
+    xv, xv_exp, yv = load_data(args.val, model.desc["num_classes"])
+    n, bs = len(x), args.batch_size
+    spe = -(-n // bs)
+    sched = Schedule("cosine", args.epochs * spe, int(round(0.25 * spe)))
+    bn_bits = default_bn_lr_bits(args.lr_bits) if args.bn_lr_bits is None else args.bn_lr_bits
+    norm_params = []
+    for m in net.modules():
+        for p in m.parameters(recurse=False):
+            norm_params.append((p, bn_bits if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) else args.lr_bits))
+    sgd = (torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+           if args.rule == "sgd" else None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    state_path, rows, start = out / "state.pt", [], 0
+    if state_path.exists():
+        st = torch.load(state_path, weights_only=True)
+        net.load_state_dict(st["net"])
+        if sgd is not None:
+            sgd.load_state_dict(st["opt"])
+        rows, start = json.loads((out / "history.json").read_text()), int(st["epoch"])
+    stop = args.epochs if args.stop_after is None else min(args.epochs, start + args.stop_after)
+    for ep in range(start, stop):
+        t0 = time.perf_counter()
+        net.train()
+        order = np.random.default_rng(args.seed + ep).permutation(n)
+        loss_sum, correct = 0.0, 0
+        for step in range(spe):
+            idx = order[step * bs:(step + 1) * bs]
+            xb = augment_batch(x[idx], args.augment, args.seed + ep, step)
+            logits = net(torch.from_numpy(xb.astype(np.float32) * 2.0 ** x_exp))
+            loss = F.cross_entropy(logits, torch.from_numpy(y[idx]))
+            net.zero_grad(set_to_none=True)
+            loss.backward()
+            m = sched.multiplier(ep * spe + step)
+            if sgd is not None:
+                for g in sgd.param_groups:
+                    g["lr"] = args.lr * m / 256
+                sgd.step()
+            else:
+                norm_rule_step(norm_params, m)
+            loss_sum += float(loss.detach()) * len(idx)
+            correct += int((logits.detach().argmax(1) == torch.from_numpy(y[idx])).sum())
+        net.eval()
+        with torch.no_grad():
+            pred = torch.cat([net(torch.from_numpy(xv[i:i + 500].astype(np.float32) * 2.0 ** xv_exp)).argmax(1)
+                              for i in range(0, len(xv), 500)])
+        rows.append({"epoch": ep + 1, "loss": loss_sum / n, "train_acc": correct / n,
+                     "val_acc": float((pred == torch.from_numpy(yv)).float().mean()),
+                     "seconds": time.perf_counter() - t0})
+        print(f"epoch {ep + 1}/{args.epochs} loss {rows[-1]['loss']:.4f} train_acc {rows[-1]['train_acc']:.4f} "
+              f"val_acc {rows[-1]['val_acc']:.4f} time {rows[-1]['seconds']:.1f}s", flush=True)
+        tmp = out / "history.json.tmp"
+        tmp.write_text(json.dumps(rows, indent=1))
+        torch.save({"net": net.state_dict(), "opt": sgd.state_dict() if sgd else {}, "epoch": ep + 1},
+                   out / "state.pt.tmp")
+        os.replace(tmp, out / "history.json")          # history first: a kill between the two replays one epoch
+        os.replace(out / "state.pt.tmp", state_path)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("init", help="the integer-only job's init/ model folder")
+    ap.add_argument("train", help="its train.npz")
+    ap.add_argument("val", help="its val.npz")
+    ap.add_argument("--out", required=True, help="run folder (state.pt, history.json); an existing one is resumed")
+    ap.add_argument("--rule", choices=RULES, default="norm", help="norm: micro's rule in float; sgd: SGD momentum "
+                    "0.9 nesterov, weight decay 5e-4 (default: norm)")
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0, help="the job's seed: data order and crops (default: 0)")
+    ap.add_argument("--augment", choices=("none", "crop-flip"), default="crop-flip")
+    ap.add_argument("--lr-bits", type=int, default=10, help="norm rule: largest step 2**LR_BITS codes (default: 10)")
+    ap.add_argument("--bn-lr-bits", type=int, default=None, help="norm rule, batch-norm gamma / beta (default: "
+                    "LR_BITS - 1)")
+    ap.add_argument("--lr", type=float, default=0.1, help="sgd rule: peak learning rate (default: 0.1)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--stop-after", type=int, default=None, help="train at most this many epochs in this invocation "
+                    "(rerun the command to continue)")
+    args = ap.parse_args(argv)
+    if args.epochs < 1 or args.batch_size < 1 or (args.stop_after is not None and args.stop_after < 1):
+        ap.error("--epochs, --batch-size and --stop-after must be >= 1")
+    train(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

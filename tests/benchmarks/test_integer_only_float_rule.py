@@ -1,0 +1,55 @@
+"""benchmarks/integer_only_float_rule.py: micro's norm rule in float, both rules learn, resume continues exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from inttrain.micro import Sequential
+from inttrain.micro.model import save_model
+from micro_model_utils import RESIDUAL_BN
+
+SCRIPT = "integer_only_float_rule"
+
+
+def test_norm_rule_step_moves_the_largest_element_2_to_the_bits_codes_at_exp0(bench) -> None:
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.exp0 = -10
+    p.grad = torch.tensor([3.0, -1.5, 0.0])           # 2**1 <= max|g| < 2**2: e = 2
+    bench.norm_rule_step([(p, 10)], 128)              # g * 2**(10 - 10 - 2) * 128 / 256 = g / 8
+    assert p.detach().tolist() == [-0.375, 0.1875, 0.0]
+    q = torch.nn.Parameter(torch.ones(2))
+    q.exp0, q.grad = 0, torch.zeros(2)
+    bench.norm_rule_step([(q, 10)], 256)              # an all-zero gradient takes no step
+    assert q.detach().tolist() == [1.0, 1.0]
+
+
+def _files(tmp_path):
+    save_model(Sequential.from_description(RESIDUAL_BN), tmp_path / "init")
+    rng = np.random.default_rng(0)
+    x = rng.integers(-127, 128, size=(192, 3, 8, 8)).astype(np.int8)
+    y = (x[:, 0].mean((1, 2)) > 0).astype(np.int64) + 2 * (x[:, 1].mean((1, 2)) > 0)   # learnable by pooling
+    np.savez(tmp_path / "tr.npz", x=x[:128], x_exp=np.int64(-5), y=y[:128])
+    np.savez(tmp_path / "va.npz", x=x[128:], x_exp=np.int64(-5), y=y[128:])
+    return [str(tmp_path / "init"), str(tmp_path / "tr.npz"), str(tmp_path / "va.npz"), "--batch-size", "32"]
+
+
+def _history(path):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads((path / "history.json").read_text())]
+
+
+def test_both_rules_learn_and_a_resumed_run_continues_exactly(bench, tmp_path, capsys) -> None:
+    files = _files(tmp_path)
+    for rule in ("norm", "sgd"):
+        assert bench.main([*files, "--rule", rule, "--epochs", "8", "--lr", "0.4", "--out", str(tmp_path / rule)]) == 0
+        h = _history(tmp_path / rule)
+        assert [r["epoch"] for r in h] == list(range(1, 9))
+        assert h[-1]["loss"] < 0.8 * h[0]["loss"] and h[-1]["train_acc"] > 0.5, (rule, h)
+    assert "epoch 8/8 loss" in capsys.readouterr().out
+    assert bench.main([*files, "--epochs", "3", "--out", str(tmp_path / "whole")]) == 0
+    assert bench.main([*files, "--epochs", "3", "--stop-after", "2", "--out", str(tmp_path / "parts")]) == 0
+    assert len(_history(tmp_path / "parts")) == 2
+    assert bench.main([*files, "--epochs", "3", "--out", str(tmp_path / "parts")]) == 0   # picks up at epoch 3
+    assert _history(tmp_path / "parts") == _history(tmp_path / "whole")
