@@ -13,7 +13,7 @@ inputs' real values (codes * 2**x_exp), with
 * ``--rule norm``: micro's update rule in float (docs/integer-training.md §7, the device CLI's defaults): each
   tensor's step is its gradient scaled so the largest element moves ``2**lr_bits`` codes at the tensor's initial
   exponent (``2**(bn_lr_bits)`` for batch-norm gamma / beta), times micro's cosine multiplier with a quarter-epoch
-  warm-up; no momentum, no weight decay, no rounding;
+  warm-up; no momentum, no weight decay (``--momentum-shift``, ``--l2-shift``: micro's options), no rounding;
 * ``--rule sgd``: SGD momentum 0.9 nesterov, weight decay 5e-4, lr ``--lr`` times the same multiplier (the
   accuracy benchmark's fp32 optimizer on micro's schedule).
 
@@ -53,16 +53,25 @@ from micro_vs_float import float_twin  # noqa: E402
 RULES = ("norm", "sgd")
 
 
-def norm_rule_step(params: list[tuple[torch.nn.Parameter, int]], multiplier: int) -> None:
+def norm_rule_step(params: list[tuple[torch.nn.Parameter, int]], multiplier: int, l2: float = 0.0,
+                   momentum_shift: int | None = None, momenta: dict[int, torch.Tensor] | None = None) -> None:
     """micro's norm rule in float: ``p -= g * 2**(bits + exp0 - e) * m / 256`` with ``2**(e-1) <= max|g| < 2**e``
-    (micro's ``bitlen`` of the integer gradient, in real units), per tensor; an all-zero gradient takes no step."""
+    (micro's ``bitlen`` of the integer gradient, in real units), per tensor; an all-zero gradient takes no step.
+    ``l2``: ``g = grad + l2 * p`` first (micro's ``l2_shift``); ``momentum_shift`` M: the step is micro's momentum
+    ``v = v - v * 2**-M + u`` (``momenta``: id(p) -> v, filled here)."""
     with torch.no_grad():
         for p, bits in params:
-            top = float(p.grad.abs().max())
+            g = p.grad + l2 * p if l2 else p.grad
+            top = float(g.abs().max())
             if top == 0:
                 continue
             e = math.frexp(top)[1]
-            p.sub_(p.grad * (2.0 ** (bits + p.exp0 - e) * multiplier / 256))
+            u = g * (2.0 ** (bits + p.exp0 - e) * multiplier / 256)
+            if momentum_shift is not None:
+                v = momenta.setdefault(id(p), torch.zeros_like(p))
+                v.sub_(v * 2.0 ** -momentum_shift).add_(u)
+                u = v
+            p.sub_(u)
 
 
 def train(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -80,6 +89,8 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     for m in net.modules():
         for p in m.parameters(recurse=False):
             norm_params.append((p, bn_bits if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) else args.lr_bits))
+    l2 = 0.0 if args.l2_shift is None else 2.0 ** -args.l2_shift / bs    # micro's lambda is on the summed loss
+    momenta: dict[int, torch.Tensor] = {}
     sgd = (torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
            if args.rule == "sgd" else None)
     out = Path(args.out)
@@ -90,6 +101,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         net.load_state_dict(st["net"])
         if sgd is not None:
             sgd.load_state_dict(st["opt"])
+        momenta = {id(p): v for (p, _), v in zip(norm_params, st.get("momenta", [])) if v.numel()}
         rows, start = json.loads((out / "history.json").read_text()), int(st["epoch"])
     stop = args.epochs if args.stop_after is None else min(args.epochs, start + args.stop_after)
     for ep in range(start, stop):
@@ -110,7 +122,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
                     g["lr"] = args.lr * m / 256
                 sgd.step()
             else:
-                norm_rule_step(norm_params, m)
+                norm_rule_step(norm_params, m, l2, args.momentum_shift, momenta)
             loss_sum += float(loss.detach()) * len(idx)
             correct += int((logits.detach().argmax(1) == torch.from_numpy(y[idx])).sum())
         net.eval()
@@ -124,7 +136,8 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
               f"val_acc {rows[-1]['val_acc']:.4f} time {rows[-1]['seconds']:.1f}s", flush=True)
         tmp = out / "history.json.tmp"
         tmp.write_text(json.dumps(rows, indent=1))
-        torch.save({"net": net.state_dict(), "opt": sgd.state_dict() if sgd else {}, "epoch": ep + 1},
+        torch.save({"net": net.state_dict(), "opt": sgd.state_dict() if sgd else {}, "epoch": ep + 1,
+                    "momenta": [momenta.get(id(p), torch.zeros(0)) for p, _ in norm_params]},
                    out / "state.pt.tmp")
         os.replace(tmp, out / "history.json")          # history first: a kill between the two replays one epoch
         os.replace(out / "state.pt.tmp", state_path)
@@ -146,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr-bits", type=int, default=10, help="norm rule: largest step 2**LR_BITS codes (default: 10)")
     ap.add_argument("--bn-lr-bits", type=int, default=None, help="norm rule, batch-norm gamma / beta (default: "
                     "LR_BITS - 1)")
+    ap.add_argument("--momentum-shift", type=int, default=None, help="norm rule: micro's momentum, beta = 1 - "
+                    "2**-M (default: off, as micro's default)")
+    ap.add_argument("--l2-shift", type=int, default=None, help="norm rule: micro's L2 decay, 2**-L * W on the summed "
+                    "batch gradient (default: off)")
     ap.add_argument("--lr", type=float, default=0.1, help="sgd rule: peak learning rate (default: 0.1)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--stop-after", type=int, default=None, help="train at most this many epochs in this invocation "

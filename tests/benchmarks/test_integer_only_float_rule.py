@@ -26,6 +26,18 @@ def test_norm_rule_step_moves_the_largest_element_2_to_the_bits_codes_at_exp0(be
     assert q.detach().tolist() == [1.0, 1.0]
 
 
+def test_momentum_and_l2_follow_micros_rule(bench) -> None:
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    p.exp0, moms = 0, {}
+    p.grad = torch.tensor([0.5, 0.0])
+    bench.norm_rule_step([(p, 0)], 256, l2=0.25, momentum_shift=1, momenta=moms)
+    # g = [0.5 + 0.25, -0.5]: max 0.75, e = 0 -> u = g * 2**0 = g; v = u; p = [1 - 0.75, -2 + 0.5]
+    assert p.detach().tolist() == [0.25, -1.5] and moms[id(p)].tolist() == [0.75, -0.5]
+    p.grad = torch.zeros(2)                           # g = 0.25 * p = [0.0625, -0.375]: e = -1 -> u = 2 * g
+    bench.norm_rule_step([(p, 0)], 256, l2=0.25, momentum_shift=1, momenta=moms)
+    assert moms[id(p)].tolist() == [0.375 + 0.125, -0.25 - 0.75]
+
+
 def _files(tmp_path):
     save_model(Sequential.from_description(RESIDUAL_BN), tmp_path / "init")
     rng = np.random.default_rng(0)
@@ -48,8 +60,9 @@ def test_both_rules_learn_and_a_resumed_run_continues_exactly(bench, tmp_path, c
         assert [r["epoch"] for r in h] == list(range(1, 9))
         assert h[-1]["loss"] < 0.8 * h[0]["loss"] and h[-1]["train_acc"] > 0.5, (rule, h)
     assert "epoch 8/8 loss" in capsys.readouterr().out
-    assert bench.main([*files, "--epochs", "3", "--out", str(tmp_path / "whole")]) == 0
-    assert bench.main([*files, "--epochs", "3", "--stop-after", "2", "--out", str(tmp_path / "parts")]) == 0
+    mom = ["--momentum-shift", "2", "--l2-shift", "4", "--lr-bits", "8"]           # momentum state must resume too
+    assert bench.main([*files, *mom, "--epochs", "3", "--out", str(tmp_path / "whole")]) == 0
+    assert bench.main([*files, *mom, "--epochs", "3", "--stop-after", "2", "--out", str(tmp_path / "parts")]) == 0
     assert len(_history(tmp_path / "parts")) == 2
-    assert bench.main([*files, "--epochs", "3", "--out", str(tmp_path / "parts")]) == 0   # picks up at epoch 3
+    assert bench.main([*files, *mom, "--epochs", "3", "--out", str(tmp_path / "parts")]) == 0   # picks up at epoch 3
     assert _history(tmp_path / "parts") == _history(tmp_path / "whole")
