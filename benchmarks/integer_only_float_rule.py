@@ -14,6 +14,8 @@ inputs' real values (codes * 2**x_exp), with
   tensor's step is its gradient scaled so the largest element moves ``2**lr_bits`` codes at the tensor's initial
   exponent (``2**(bn_lr_bits)`` for batch-norm gamma / beta), times micro's cosine multiplier with a quarter-epoch
   warm-up; no momentum, no weight decay (``--momentum-shift``, ``--l2-shift``: micro's options), no rounding;
+* ``--rule frozen``: the norm rule with each tensor's normalizer ``max|g|`` taken from its first step and kept, so
+  later steps scale with the gradient as SGD's do (a per-tensor learning rate calibrated once);
 * ``--rule sgd``: SGD momentum 0.9 nesterov, weight decay 5e-4, lr ``--lr`` times the same multiplier (the
   accuracy benchmark's fp32 optimizer on micro's schedule).
 
@@ -50,22 +52,26 @@ from inttrain.micro.model import load_data, load_model  # noqa: E402
 from inttrain.micro.optim import Schedule, default_bn_lr_bits  # noqa: E402
 from micro_vs_float import float_twin  # noqa: E402
 
-RULES = ("norm", "sgd")
+RULES = ("norm", "frozen", "sgd")
+NO_E = -(1 << 20)       # state.pt's "no frozen exponent yet"
 
 
 def norm_rule_step(params: list[tuple[torch.nn.Parameter, int]], multiplier: int, l2: float = 0.0,
-                   momentum_shift: int | None = None, momenta: dict[int, torch.Tensor] | None = None) -> None:
+                   momentum_shift: int | None = None, momenta: dict[int, torch.Tensor] | None = None,
+                   frozen: dict[int, int] | None = None) -> None:
     """micro's norm rule in float: ``p -= g * 2**(bits + exp0 - e) * m / 256`` with ``2**(e-1) <= max|g| < 2**e``
     (micro's ``bitlen`` of the integer gradient, in real units), per tensor; an all-zero gradient takes no step.
     ``l2``: ``g = grad + l2 * p`` first (micro's ``l2_shift``); ``momentum_shift`` M: the step is micro's momentum
-    ``v = v - v * 2**-M + u`` (``momenta``: id(p) -> v, filled here)."""
+    ``v = v - v * 2**-M + u`` (``momenta``: id(p) -> v, filled here).  ``frozen`` (id(p) -> e, filled here): each
+    tensor keeps the ``e`` of its first non-zero gradient, so the rule is SGD with a per-tensor learning rate
+    calibrated on the first step, and later steps shrink with the gradient as SGD's do."""
     with torch.no_grad():
         for p, bits in params:
             g = p.grad + l2 * p if l2 else p.grad
             top = float(g.abs().max())
             if top == 0:
                 continue
-            e = math.frexp(top)[1]
+            e = math.frexp(top)[1] if frozen is None else frozen.setdefault(id(p), math.frexp(top)[1])
             u = g * (2.0 ** (bits + p.exp0 - e) * multiplier / 256)
             if momentum_shift is not None:
                 v = momenta.setdefault(id(p), torch.zeros_like(p))
@@ -91,6 +97,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
             norm_params.append((p, bn_bits if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) else args.lr_bits))
     l2 = 0.0 if args.l2_shift is None else 2.0 ** -args.l2_shift / bs    # micro's lambda is on the summed loss
     momenta: dict[int, torch.Tensor] = {}
+    frozen: dict[int, int] | None = {} if args.rule == "frozen" else None
     sgd = (torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
            if args.rule == "sgd" else None)
     out = Path(args.out)
@@ -102,7 +109,10 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         if sgd is not None:
             sgd.load_state_dict(st["opt"])
         momenta = {id(p): v for (p, _), v in zip(norm_params, st.get("momenta", [])) if v.numel()}
-        rows, start = json.loads((out / "history.json").read_text()), int(st["epoch"])
+        if frozen is not None:
+            frozen = {id(p): int(e) for (p, _), e in zip(norm_params, st["frozen"].tolist()) if e != NO_E}
+        start = int(st["epoch"])
+        rows = json.loads((out / "history.json").read_text())[:start]   # a kill between the two writes below
     stop = args.epochs if args.stop_after is None else min(args.epochs, start + args.stop_after)
     for ep in range(start, stop):
         t0 = time.perf_counter()
@@ -122,7 +132,7 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
                     g["lr"] = args.lr * m / 256
                 sgd.step()
             else:
-                norm_rule_step(norm_params, m, l2, args.momentum_shift, momenta)
+                norm_rule_step(norm_params, m, l2, args.momentum_shift, momenta, frozen)
             loss_sum += float(loss.detach()) * len(idx)
             correct += int((logits.detach().argmax(1) == torch.from_numpy(y[idx])).sum())
         net.eval()
@@ -137,9 +147,11 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
         tmp = out / "history.json.tmp"
         tmp.write_text(json.dumps(rows, indent=1))
         torch.save({"net": net.state_dict(), "opt": sgd.state_dict() if sgd else {}, "epoch": ep + 1,
-                    "momenta": [momenta.get(id(p), torch.zeros(0)) for p, _ in norm_params]},
+                    "momenta": [momenta.get(id(p), torch.zeros(0)) for p, _ in norm_params],
+                    "frozen": torch.tensor([(frozen or {}).get(id(p), NO_E) for p, _ in norm_params])},
                    out / "state.pt.tmp")
-        os.replace(tmp, out / "history.json")          # history first: a kill between the two replays one epoch
+        os.replace(tmp, out / "history.json")          # history first: a kill between the two replays one epoch,
+                                                        # whose row the resume drops
         os.replace(out / "state.pt.tmp", state_path)
     return rows
 
@@ -150,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("train", help="its train.npz")
     ap.add_argument("val", help="its val.npz")
     ap.add_argument("--out", required=True, help="run folder (state.pt, history.json); an existing one is resumed")
-    ap.add_argument("--rule", choices=RULES, default="norm", help="norm: micro's rule in float; sgd: SGD momentum "
+    ap.add_argument("--rule", choices=RULES, default="norm", help="norm: micro's rule in float; frozen: its "
+                    "normalizer from the first step, kept; sgd: SGD momentum "
                     "0.9 nesterov, weight decay 5e-4 (default: norm)")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=128)

@@ -38,6 +38,17 @@ def test_momentum_and_l2_follow_micros_rule(bench) -> None:
     assert moms[id(p)].tolist() == [0.375 + 0.125, -0.25 - 0.75]
 
 
+def test_frozen_rule_keeps_the_first_steps_normalizer(bench) -> None:
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.exp0, frozen = 0, {}
+    p.grad = torch.tensor([3.0, 1.0])                 # e = 2: u = g * 2**(0 + 0 - 2)
+    bench.norm_rule_step([(p, 0)], 256, frozen=frozen)
+    assert frozen == {id(p): 2} and p.detach().tolist() == [-0.75, -0.25]
+    p.grad = torch.tensor([0.5, 0.25])                # the norm rule would use e = 0; the frozen one keeps 2
+    bench.norm_rule_step([(p, 0)], 256, frozen=frozen)
+    assert p.detach().tolist() == [-0.875, -0.3125]
+
+
 def _files(tmp_path):
     save_model(Sequential.from_description(RESIDUAL_BN), tmp_path / "init")
     rng = np.random.default_rng(0)
@@ -60,9 +71,13 @@ def test_both_rules_learn_and_a_resumed_run_continues_exactly(bench, tmp_path, c
         assert [r["epoch"] for r in h] == list(range(1, 9))
         assert h[-1]["loss"] < 0.8 * h[0]["loss"] and h[-1]["train_acc"] > 0.5, (rule, h)
     assert "epoch 8/8 loss" in capsys.readouterr().out
-    mom = ["--momentum-shift", "2", "--l2-shift", "4", "--lr-bits", "8"]           # momentum state must resume too
-    assert bench.main([*files, *mom, "--epochs", "3", "--out", str(tmp_path / "whole")]) == 0
-    assert bench.main([*files, *mom, "--epochs", "3", "--stop-after", "2", "--out", str(tmp_path / "parts")]) == 0
-    assert len(_history(tmp_path / "parts")) == 2
-    assert bench.main([*files, *mom, "--epochs", "3", "--out", str(tmp_path / "parts")]) == 0   # picks up at epoch 3
-    assert _history(tmp_path / "parts") == _history(tmp_path / "whole")
+    # the momentum buffers and the frozen normalizers must resume too
+    for i, opts in enumerate((["--momentum-shift", "2", "--l2-shift", "4", "--lr-bits", "8"], ["--rule", "frozen"])):
+        whole, parts = tmp_path / f"whole{i}", tmp_path / f"parts{i}"
+        assert bench.main([*files, *opts, "--epochs", "3", "--out", str(whole)]) == 0
+        assert bench.main([*files, *opts, "--epochs", "3", "--stop-after", "2", "--out", str(parts)]) == 0
+        assert len(_history(parts)) == 2
+        rows = json.loads((parts / "history.json").read_text())     # killed after writing epoch 3's row only
+        (parts / "history.json").write_text(json.dumps(rows + [{**rows[-1], "epoch": 3}]))
+        assert bench.main([*files, *opts, "--epochs", "3", "--out", str(parts)]) == 0   # picks up at epoch 3
+        assert _history(parts) == _history(whole)
