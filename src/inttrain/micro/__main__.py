@@ -114,9 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--l2-shift", type=int, help="L2 weight decay: 2**-L * W added to the summed-batch gradient before "
                    "the step rule, as torch SGD's weight_decay x the batch size (L = 4: 5e-4 at batch 128), 0..30 "
                    "(default: off)")
-    t.add_argument("--frac-bits", type=int, help="keep each master weight's steps below one code in an int16 "
-                   "remainder of F fraction bits, 1..15, so small late steps add up instead of being rounded to "
-                   "whole codes one by one (default: off)")
+    t.add_argument("--frac-bits", type=int, help="an int16 remainder of F (1..15) bits below each master code: steps "
+                   "below one code add up instead of being rounded to whole codes one by one (default: off)")
     t.add_argument("--no-adapt-exp", dest="adapt_exp", action="store_const", const=False, default=None,
                    help="keep weight exponents fixed (default: a tensor reaching half its code range is halved and "
                         "its exponent raised, so no master weight sits at the integer limit)")
