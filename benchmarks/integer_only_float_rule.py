@@ -22,12 +22,14 @@ inputs' real values (codes * 2**x_exp), with
 Against the integer-only job's row at the same seed it splits the gap: float with micro's rule vs integer
 (the arithmetic), float with micro's rule vs float with SGD (the update rule).  The run folder holds
 ``state.pt`` (resumed after an interruption: rerun the same command) and ``history.json`` (loss, training and
-held-out accuracy per epoch).
+held-out accuracy per epoch; held-out both with the batch norms' running statistics, ``val_acc``, and with each
+256-image batch's own, ``val_acc_batch``, as micro evaluates).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -78,6 +80,18 @@ def norm_rule_step(params: list[tuple[torch.nn.Parameter, int]], multiplier: int
                 v.sub_(v * 2.0 ** -momentum_shift).add_(u)
                 u = v
             p.sub_(u)
+
+
+def accuracy(net: torch.nn.Module, x: np.ndarray, x_exp: int, y: np.ndarray, batch_statistics: bool) -> float:
+    """Held-out accuracy with the batch norms' running statistics, or (``batch_statistics``) with each 256-image
+    batch's own, as ``inttrain.micro`` evaluates (its batch norm keeps no running averages); the latter on a copy,
+    so the running statistics stay the training's."""
+    model = copy.deepcopy(net) if batch_statistics else net
+    model.train(batch_statistics)
+    with torch.no_grad():
+        pred = torch.cat([model(torch.from_numpy(x[i:i + 256].astype(np.float32) * 2.0 ** x_exp)).argmax(1)
+                          for i in range(0, len(x), 256)])
+    return float((pred == torch.from_numpy(y)).float().mean())
 
 
 def train(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -135,15 +149,13 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
                 norm_rule_step(norm_params, m, l2, args.momentum_shift, momenta, frozen)
             loss_sum += float(loss.detach()) * len(idx)
             correct += int((logits.detach().argmax(1) == torch.from_numpy(y[idx])).sum())
-        net.eval()
-        with torch.no_grad():
-            pred = torch.cat([net(torch.from_numpy(xv[i:i + 500].astype(np.float32) * 2.0 ** xv_exp)).argmax(1)
-                              for i in range(0, len(xv), 500)])
         rows.append({"epoch": ep + 1, "loss": loss_sum / n, "train_acc": correct / n,
-                     "val_acc": float((pred == torch.from_numpy(yv)).float().mean()),
+                     "val_acc": accuracy(net, xv, xv_exp, yv, batch_statistics=False),
+                     "val_acc_batch": accuracy(net, xv, xv_exp, yv, batch_statistics=True),
                      "seconds": time.perf_counter() - t0})
         print(f"epoch {ep + 1}/{args.epochs} loss {rows[-1]['loss']:.4f} train_acc {rows[-1]['train_acc']:.4f} "
-              f"val_acc {rows[-1]['val_acc']:.4f} time {rows[-1]['seconds']:.1f}s", flush=True)
+              f"val_acc {rows[-1]['val_acc']:.4f} (batch statistics {rows[-1]['val_acc_batch']:.4f}) "
+              f"time {rows[-1]['seconds']:.1f}s", flush=True)
         tmp = out / "history.json.tmp"
         tmp.write_text(json.dumps(rows, indent=1))
         torch.save({"net": net.state_dict(), "opt": sgd.state_dict() if sgd else {}, "epoch": ep + 1,

@@ -49,6 +49,14 @@ def test_frozen_rule_keeps_the_first_steps_normalizer(bench) -> None:
     assert p.detach().tolist() == [-0.875, -0.3125]
 
 
+def test_batch_statistics_accuracy_leaves_the_running_statistics_alone(bench) -> None:
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
+    x, y = np.arange(16, dtype=np.int8).reshape(4, 4), np.array([0, 1, 0, 1])
+    before = net[2].running_mean.clone()
+    bench.accuracy(net, x, 0, y, batch_statistics=True)
+    assert torch.equal(net[2].running_mean, before) and net[2].num_batches_tracked == 0
+
+
 def _files(tmp_path):
     save_model(Sequential.from_description(RESIDUAL_BN), tmp_path / "init")
     rng = np.random.default_rng(0)
@@ -70,6 +78,7 @@ def test_both_rules_learn_and_a_resumed_run_continues_exactly(bench, tmp_path, c
         h = _history(tmp_path / rule)
         assert [r["epoch"] for r in h] == list(range(1, 9))
         assert h[-1]["loss"] < 0.8 * h[0]["loss"] and h[-1]["train_acc"] > 0.5, (rule, h)
+        assert all(0 <= r["val_acc"] <= 1 and 0 <= r["val_acc_batch"] <= 1 for r in h)
     assert "epoch 8/8 loss" in capsys.readouterr().out
     # the momentum buffers and the frozen normalizers must resume too
     for i, opts in enumerate((["--momentum-shift", "2", "--l2-shift", "4", "--lr-bits", "8"], ["--rule", "frozen"])):
