@@ -33,6 +33,7 @@ in a cosine schedule most steps are a small fraction of a code, and rounding eac
 adds noise whose variance falls only as fast as the step (Li et al., "Training Quantized Nets: A Deeper
 Understanding", NeurIPS 2017, Sec. 5: without a high-precision copy of the weights the annealing cannot settle);
 the remainder is that copy, F more bits, kept apart so the codes keep their width, exponent and view.
+Measured on ResNet-20 (docs §7): F = 8 from a late checkpoint left the losses unchanged, so it is off by default.
 """
 
 from __future__ import annotations

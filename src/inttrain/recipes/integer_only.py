@@ -65,7 +65,7 @@ class IntegerOnlyConfig:
             step rule (torch SGD's ``weight_decay`` times the batch size: ``L = 4`` is 5e-4 at batch 128; 0..30).
         frac_bits: ``None`` or ``F`` (1..15): each master weight keeps the part of its steps below one code in an
             int16 remainder of ``F`` fraction bits, so the many sub-code steps late in a schedule add up instead
-            of each being rounded to a whole code (docs/integer-training.md §7).
+            of each being rounded to a whole code (docs/integer-training.md §7; on ResNet-20 it changed nothing).
         The schedule is the training loop's: ``inttrain.micro.optim.Schedule`` passed to ``train_epoch``.
         weight_bits: master weights, 16 (int16 accumulators) or 8 (NITI's int8 weights).
         drop_bias: biases are not part of the arithmetic; ``False`` refuses a model with a non-zero bias,
