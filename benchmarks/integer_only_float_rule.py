@@ -16,8 +16,13 @@ inputs' real values (codes * 2**x_exp), with
   warm-up; no momentum, no weight decay (``--momentum-shift``, ``--l2-shift``: micro's options), no rounding;
 * ``--rule frozen``: the norm rule with each tensor's normalizer ``max|g|`` taken from its first step and kept, so
   later steps scale with the gradient as SGD's do (a per-tensor learning rate calibrated once);
-* ``--rule sgd``: SGD momentum 0.9 nesterov, weight decay 5e-4, lr ``--lr`` times the same multiplier (the
-  accuracy benchmark's fp32 optimizer on micro's schedule).
+* ``--rule relative``: each weight matrix / kernel's step scaled so its largest element moves ``2**-rel_bits`` of
+  the tensor's *current* largest weight (rounded up to a power of two, as an integer ``bitlen`` gives), times the
+  multiplier; batch-norm gamma / beta and biases keep the norm rule.  A constant angular step for the
+  scale-invariant weights ahead of a batch norm, as SGD with weight decay settles into, where the norm rule's
+  fixed step shrinks relative to weights that grow (LARS, You et al. 2017, Eq. 2, with max-norms and powers of two);
+* ``--rule sgd``: SGD momentum 0.9 nesterov, weight decay 5e-4 (``--momentum``, ``--weight-decay``), lr ``--lr``
+  times the same multiplier (the accuracy benchmark's fp32 optimizer on micro's schedule).
 
 Against the integer-only job's row at the same seed it splits the gap: float with micro's rule vs integer
 (the arithmetic), float with micro's rule vs float with SGD (the update rule).  The run folder holds
@@ -54,19 +59,20 @@ from inttrain.micro.model import load_data, load_model  # noqa: E402
 from inttrain.micro.optim import Schedule, default_bn_lr_bits  # noqa: E402
 from micro_vs_float import float_twin  # noqa: E402
 
-RULES = ("norm", "frozen", "sgd")
+RULES = ("norm", "frozen", "relative", "sgd")
 NO_E = -(1 << 20)       # state.pt's "no frozen exponent yet"
 
 
 def norm_rule_step(params: list[tuple[torch.nn.Parameter, int]], multiplier: int, l2: float = 0.0,
                    momentum_shift: int | None = None, momenta: dict[int, torch.Tensor] | None = None,
-                   frozen: dict[int, int] | None = None) -> None:
+                   frozen: dict[int, int] | None = None, rel_bits: int | None = None) -> None:
     """micro's norm rule in float: ``p -= g * 2**(bits + exp0 - e) * m / 256`` with ``2**(e-1) <= max|g| < 2**e``
     (micro's ``bitlen`` of the integer gradient, in real units), per tensor; an all-zero gradient takes no step.
     ``l2``: ``g = grad + l2 * p`` first (micro's ``l2_shift``); ``momentum_shift`` M: the step is micro's momentum
     ``v = v - v * 2**-M + u`` (``momenta``: id(p) -> v, filled here).  ``frozen`` (id(p) -> e, filled here): each
     tensor keeps the ``e`` of its first non-zero gradient, so the rule is SGD with a per-tensor learning rate
-    calibrated on the first step, and later steps shrink with the gradient as SGD's do."""
+    calibrated on the first step, and later steps shrink with the gradient as SGD's do.  ``rel_bits`` K: a tensor
+    of two or more dimensions steps ``g * 2**(ew - K - e) * m / 256`` instead, ``2**(ew-1) <= max|p| < 2**ew``."""
     with torch.no_grad():
         for p, bits in params:
             g = p.grad + l2 * p if l2 else p.grad
@@ -74,7 +80,10 @@ def norm_rule_step(params: list[tuple[torch.nn.Parameter, int]], multiplier: int
             if top == 0:
                 continue
             e = math.frexp(top)[1] if frozen is None else frozen.setdefault(id(p), math.frexp(top)[1])
-            u = g * (2.0 ** (bits + p.exp0 - e) * multiplier / 256)
+            if rel_bits is not None and p.dim() > 1:
+                u = g * (2.0 ** (math.frexp(float(p.abs().max()))[1] - rel_bits - e) * multiplier / 256)
+            else:
+                u = g * (2.0 ** (bits + p.exp0 - e) * multiplier / 256)
             if momentum_shift is not None:
                 v = momenta.setdefault(id(p), torch.zeros_like(p))
                 v.sub_(v * 2.0 ** -momentum_shift).add_(u)
@@ -112,7 +121,8 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     l2 = 0.0 if args.l2_shift is None else 2.0 ** -args.l2_shift / bs    # micro's lambda is on the summed loss
     momenta: dict[int, torch.Tensor] = {}
     frozen: dict[int, int] | None = {} if args.rule == "frozen" else None
-    sgd = (torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    sgd = (torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum, nesterov=args.momentum > 0,
+                           weight_decay=args.weight_decay)
            if args.rule == "sgd" else None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -146,7 +156,8 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
                     g["lr"] = args.lr * m / 256
                 sgd.step()
             else:
-                norm_rule_step(norm_params, m, l2, args.momentum_shift, momenta, frozen)
+                norm_rule_step(norm_params, m, l2, args.momentum_shift, momenta, frozen,
+                               args.rel_bits if args.rule == "relative" else None)
             loss_sum += float(loss.detach()) * len(idx)
             correct += int((logits.detach().argmax(1) == torch.from_numpy(y[idx])).sum())
         rows.append({"epoch": ep + 1, "loss": loss_sum / n, "train_acc": correct / n,
@@ -175,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("val", help="its val.npz")
     ap.add_argument("--out", required=True, help="run folder (state.pt, history.json); an existing one is resumed")
     ap.add_argument("--rule", choices=RULES, default="norm", help="norm: micro's rule in float; frozen: its "
-                    "normalizer from the first step, kept; sgd: SGD momentum "
+                    "normalizer from the first step, kept; relative: steps relative to each weight's size; sgd: SGD momentum "
                     "0.9 nesterov, weight decay 5e-4 (default: norm)")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=128)
@@ -188,7 +199,13 @@ def main(argv: list[str] | None = None) -> int:
                     "2**-M (default: off, as micro's default)")
     ap.add_argument("--l2-shift", type=int, default=None, help="norm rule: micro's L2 decay, 2**-L * W on the summed "
                     "batch gradient (default: off)")
+    ap.add_argument("--rel-bits", type=int, default=6, help="relative rule: largest step 2**-REL_BITS of the "
+                    "tensor's largest weight (default: 6)")
     ap.add_argument("--lr", type=float, default=0.1, help="sgd rule: peak learning rate (default: 0.1)")
+    ap.add_argument("--momentum", type=float, default=0.9, help="sgd rule: nesterov momentum (default: 0.9; 0.875 "
+                    "is micro's --momentum-shift 3)")
+    ap.add_argument("--weight-decay", type=float, default=5e-4, help="sgd rule: weight decay (default: 5e-4; "
+                    "2**-4 / batch is micro's --l2-shift 4)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--stop-after", type=int, default=None, help="train at most this many epochs in this invocation "
                     "(rerun the command to continue)")

@@ -17,10 +17,23 @@ def test_jobs_seed_major_with_three_seeds_for_the_tight_variants(bench) -> None:
     jobs = bench.all_jobs(args)
     # fp32, int8, int8-dataflow, int8-gsr, int8-dataflow-gsr, int8-fl, int8-bf16act, int8-dataflow-fl: 3 seeds;
     # int8-dataflow-nearest 1; the rest 2
-    assert len(jobs) == 8 * 3 + 23 * 2 + 1
-    assert jobs[:32] == [(v, 0) for v in bench.VARIANTS]
+    assert len(jobs) == 8 * 3 + 24 * 2 + 1
+    assert jobs[:33] == [(v, 0) for v in bench.VARIANTS]
     assert jobs[-8:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2), ("int8-gsr", 2), ("int8-dataflow-gsr", 2),
                          ("int8-fl", 2), ("int8-bf16act", 2), ("int8-dataflow-fl", 2)]
+
+
+def test_micro_flags_are_flags_the_device_cli_accepts(bench) -> None:
+    from inttrain.micro.__main__ import build_parser
+
+    assert bench.micro_flags("integer-only-bngain-e16-sgd") == [
+        "--lr-mode", "shift", "--lr-shift", "10", "--momentum-shift", "3", "--nesterov", "--l2-shift", "4",
+        "--frac-bits", "8"]
+    assert bench.micro_flags("integer-only-bngain-lr9") == ["--lr-bits", "9"] and bench.micro_flags("int8") == []
+    for variant in bench.VARIANTS:
+        args = build_parser().parse_args(["train", "m.json", "d.npz", *bench.micro_flags(variant)])
+        for k, v in bench.VARIANTS[variant][0].get(bench.MICRO_TRAIN, {}).items():
+            assert getattr(args, k) == v, (variant, k)
 
 
 def test_integer_only_bngain_converts_with_its_batch_norm_gain(bench, tmp_path: Path) -> None:

@@ -49,6 +49,15 @@ def test_frozen_rule_keeps_the_first_steps_normalizer(bench) -> None:
     assert p.detach().tolist() == [-0.875, -0.3125]
 
 
+def test_relative_rule_steps_a_power_of_two_fraction_of_the_largest_weight(bench) -> None:
+    w = torch.nn.Parameter(torch.tensor([[3.0, -1.0]]))     # max|w| 3: 2**2; max|g| 1.5: e = 1
+    b = torch.nn.Parameter(torch.zeros(2))                    # one dimension: the norm rule
+    w.exp0 = b.exp0 = 0
+    w.grad, b.grad = torch.tensor([[1.5, 0.5]]), torch.tensor([1.0, 0.5])
+    bench.norm_rule_step([(w, 0), (b, 0)], 128, rel_bits=3)  # u = g * 2**(2 - 3 - 1) * 1/2
+    assert w.detach().tolist() == [[3.0 - 0.1875, -1.0 - 0.0625]] and b.detach().tolist() == [-0.25, -0.125]
+
+
 def test_batch_statistics_accuracy_leaves_the_running_statistics_alone(bench) -> None:
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
     x, y = np.arange(16, dtype=np.int8).reshape(4, 4), np.array([0, 1, 0, 1])

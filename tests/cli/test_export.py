@@ -74,7 +74,8 @@ def test_export_checkpoint_file_and_model_folder(trained, tmp_path):
         _same(tm, M.load_model(tmp_path / d))
     assert (tmp_path / "a" / "weights.safetensors").read_bytes() == (tmp_path / "b" / "weights.safetensors").read_bytes()
     mm, state = load_checkpoint_model(run / "checkpoints" / "last.safetensors")
-    assert state["integer_only"]["optimizer"] == {"lr_shift": 7, "rounding": "pstoch", "momentum_shift": 2}
+    assert state["integer_only"]["optimizer"] == {"lr_shift": 7, "rounding": "pstoch", "momentum_shift": 2,
+                                                  "nesterov": False}
     for tp, mp in zip(tm.params(), mm.params()):        # momentum buffers and remainders travel in the checkpoint
         assert np.array_equal(tp.mom.numpy(), mp.mom)
         assert mp.frac.dtype == np.int16 and mp.frac.any() and np.array_equal(tp.frac.numpy(), mp.frac)

@@ -127,9 +127,11 @@ def test_cnn_int8_weights_with_momentum_lockstep(digits):
     (CNN2, {"lr_mode": "norm", "lr_bits": 14, "adapt_exp": True, "l2_shift": 2}),
     (CNN2, {"lr_mode": "norm", "lr_bits": 14, "adapt_exp": True, "frac_bits": 8}),
     (MLP, {"lr_mode": "norm", "lr_bits": 14, "adapt_exp": True, "frac_bits": 15, "momentum_shift": 3,
-           "decay_shift": 9})],
+           "decay_shift": 9}),
+    (CNN2, {"lr_mode": "shift", "lr_shift": 2, "adapt_exp": True, "momentum_shift": 3, "nesterov": True,
+            "l2_shift": 4, "frac_bits": 8})],
     ids=["mlp-norm", "cnn-norm-mom-decay", "mlp-int8-norm", "mlp-shift-adapt", "cnn-norm-l2", "cnn-norm-frac8",
-         "mlp-norm-frac15-mom-decay"])
+         "mlp-norm-frac15-mom-decay", "cnn-shift-nesterov-l2-frac8"])
 def test_norm_rule_schedule_and_exponent_adaptation_lockstep(digits, desc, kw):
     """The CLI's default update (norm rule, cosine multiplier with warm-up, adapted exponents) and its options:
     bit-exact in both engines, exponents included; the large steps make the exponents move."""

@@ -84,6 +84,21 @@ def test_sgd_momentum():
     assert steps == [8, 12, 14]                                    # v = v - v/2 + 8
 
 
+def test_sgd_nesterov_steps_the_gradient_plus_beta_times_the_new_momentum():
+    p = Param(np.zeros(1, dtype=np.int64), 0, 16)
+    opt = SGD([p], lr_shift=0, momentum_shift=1, rounding="rne", nesterov=True)    # beta = 1/2
+    steps = []
+    for _ in range(3):
+        p.grad, p.grad_exp = np.array([8]), 0
+        before = int(p.acc[0])
+        opt.step()
+        steps.append(before - int(p.acc[0]))
+    assert steps == [12, 14, 15] and p.mom.tolist() == [14]       # v = 8, 12, 14; step 8 + v / 2
+    assert opt.config()["nesterov"] is True
+    with pytest.raises(ValueError, match="nesterov needs momentum_shift"):
+        SGD([p], nesterov=True)
+
+
 def test_exp2_vectorized_equals_scalar_definition():
     from inttrain.micro.ops import shift_round
 

@@ -57,10 +57,11 @@ def _same_run(a: Path, b: Path) -> None:
 
 def test_resume_after_max_seconds_stops_is_bit_identical(files, tmp_path, capsys):
     common = [str(files / "mlp.json"), str(files / "tr.npz"), "--val", str(files / "va.npz"), "--epochs", "3",
-              "--momentum-shift", "2", "--frac-bits", "12", "--log-every", "0"]
+              "--momentum-shift", "2", "--nesterov", "--frac-bits", "12", "--log-every", "0"]
     assert main(["train", *common, "--out", str(tmp_path / "whole")]) == 0
     assert main(["train", *common, "--out", str(tmp_path / "parts"), "--max-seconds", "0"]) == 0
     out = capsys.readouterr().out
+    assert "Nesterov momentum 1 - 2^-2, 12 fraction bits" in out
     assert "stopped after" in out and "at epoch 1 step 1/10" in out and f"--resume {tmp_path / 'parts'}" in out
     _, ck = _state(tmp_path / "parts")
     assert ck["epoch"] == 0 and ck["position"]["step"] == 1 and ck["global_step"] == 1
@@ -200,6 +201,9 @@ def test_limits_are_refused_before_training(files, tmp_path, capsys):
     assert _one_error(capsys) == "error: --bn-lr-bits -1: allowed: 0..14"
     assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--l2-shift", "31", "--out", out]) == 2
     assert _one_error(capsys) == "error: --l2-shift 31: allowed: 0..30"
+    assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--nesterov", "--out", out]) == 2
+    assert _one_error(capsys) == ("error: --nesterov: needs --momentum-shift M (Nesterov momentum is a form of "
+                                  "momentum)")
     for bad in ("0", "16"):
         assert main(["train", str(files / "mlp.json"), str(files / "tr.npz"), "--frac-bits", bad, "--out", out]) == 2
         assert _one_error(capsys) == f"error: --frac-bits {bad}: allowed: 1..15"

@@ -215,6 +215,19 @@ def test_frac_bits_reaches_the_optimizer_and_is_range_checked():
             IntegerOnlyConfig(frac_bits=bad)
 
 
+def test_nesterov_reaches_the_optimizer_and_needs_momentum():
+    from inttrain.models.resnet import CifarResNet
+    from inttrain.recipes.integer_only import optimizer
+
+    m = convert(CifarResNet(8, 10, 3), IntegerOnlyConfig(drop_bias=True), input_shape=[3, 16, 16])
+    assert optimizer(m, IntegerOnlyConfig(momentum_shift=3, nesterov=True)).nesterov is True
+    assert optimizer(m, IntegerOnlyConfig(momentum_shift=3)).nesterov is False
+    for bad in ({"nesterov": True}, {"nesterov": 1, "momentum_shift": 3}):
+        with pytest.raises(ValueError, match=rf"integer-only nesterov={bad['nesterov']!r}: allowed False, or True "
+                                             "with a momentum_shift"):
+            IntegerOnlyConfig(**bad)
+
+
 def _flat_layers(layers):
     for layer in layers:
         yield layer

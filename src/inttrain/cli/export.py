@@ -55,7 +55,8 @@ def save_checkpoint(model, run_dir: str | Path, name: str = "last", opt=None, ex
              "integer_only": {"format": CHECKPOINT_FORMAT, "description": json.dumps(model.desc), "params": params}}
     if opt is not None:
         state["integer_only"]["optimizer"] = {"lr_shift": int(opt.lr_shift), "rounding": str(opt.rounding),
-                                              "momentum_shift": None if opt.momentum_shift is None else int(opt.momentum_shift)}
+                                              "momentum_shift": None if opt.momentum_shift is None else int(opt.momentum_shift),
+                                              "nesterov": bool(opt.nesterov)}
     if extra:
         state["extra"] = extra
     w, _ = _save(Path(run_dir) / "checkpoints", name, weights, state)

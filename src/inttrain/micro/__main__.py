@@ -47,7 +47,7 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 #: ``train`` defaults (chosen from the runs in docs/integer-training.md §7 "Choosing the defaults"). The
 #: options are parsed with None so that ``--resume`` can tell which ones were given.
 TRAIN_DEFAULTS = {"epochs": 10, "batch_size": 32, "lr_mode": "norm", "lr_bits": 10, "bn_lr_bits": None, "lr_shift": 8,
-                  "momentum_shift": None, "decay_shift": None, "l2_shift": None, "frac_bits": None, "schedule": "cosine", "warmup_epochs": 0.25,
+                  "momentum_shift": None, "nesterov": False, "decay_shift": None, "l2_shift": None, "frac_bits": None, "schedule": "cosine", "warmup_epochs": 0.25,
                   "step_every": None, "adapt_exp": True, "seed": 0, "augment": "none"}
 ROUNDING_OPTS = ("forward_rounding", "backward_rounding", "update_rounding")
 _EXAMPLES = {
@@ -78,10 +78,39 @@ def _rounding_args(t: argparse.ArgumentParser) -> None:
                        help=f"{o.split('_')[0]} shift rounding (default: the model's; descriptions default to {defaults})")
 
 
+def _step_args(t: argparse.ArgumentParser) -> None:
+    """train's step rule, schedule, momentum and decay options."""
+    from .optim import LR_MODES, SCHEDULES
+
+    t.add_argument("--lr-mode", choices=LR_MODES, help="norm: each tensor's largest step is 2**LR_BITS master codes "
+                   "(scale-free, no sweep); shift: lr 2**-LR_SHIFT on the summed batch gradient (the C code "
+                   f"generator's rule) {_default('lr_mode')}")
+    t.add_argument("--lr-bits", type=int, help=f"norm mode: largest step 2**LR_BITS codes (0..14) {_default('lr_bits')}")
+    t.add_argument("--bn-lr-bits", type=int, help="norm mode: largest step of batch-norm gamma / beta, 0..14 "
+                   "(default: LR_BITS - 1)")
+    t.add_argument("--lr-shift", type=int, help=f"shift mode: learning rate 2**-LR_SHIFT {_default('lr_shift')}")
+    t.add_argument("--schedule", choices=SCHEDULES, help="step-size multiplier (integer Q8): const, step (halve every "
+                   f"--step-every epochs) or cosine to 0 {_default('schedule')}")
+    t.add_argument("--warmup-epochs", type=float, help=f"linear warm-up length in epochs {_default('warmup_epochs')}")
+    t.add_argument("--step-every", type=int, help="step schedule: epochs between halvings (default: epochs // 3, >= 1)")
+    t.add_argument("--momentum-shift", type=int, help="momentum beta = 1 - 2**-M, 1..16 (default: off)")
+    t.add_argument("--nesterov", action="store_const", const=True, default=None, help="Nesterov momentum: each step "
+                   "is the gradient step plus beta times the new momentum, as torch SGD(nesterov=True) (needs "
+                   "--momentum-shift; default: off)")
+    t.add_argument("--decay-shift", type=int, help="weight decay W -= W * 2**-D per step, 1..30 (default: off)")
+    t.add_argument("--l2-shift", type=int, help="L2 weight decay: 2**-L * W added to the summed-batch gradient before "
+                   "the step rule, as torch SGD's weight_decay x the batch size (L = 4: 5e-4 at batch 128), 0..30 "
+                   "(default: off)")
+    t.add_argument("--frac-bits", type=int, help="an int16 remainder of F (1..15) bits below each master code: steps "
+                   "below one code add up instead of being rounded to whole codes one by one (default: off)")
+    t.add_argument("--no-adapt-exp", dest="adapt_exp", action="store_const", const=False, default=None,
+                   help="keep weight exponents fixed (default: a tensor reaching half its code range is halved and "
+                        "its exponent raised, so no master weight sits at the integer limit)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .augment import AUGMENTS
     from .convert import RULE
-    from .optim import LR_MODES, SCHEDULES
 
     p = _Parser(prog="python -m inttrain.micro", description="Integer-only training (NumPy only).",
                 formatter_class=_Help, epilog="\n".join(v.split("\n", 1)[1] for v in _EXAMPLES.values()).join(
@@ -98,27 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "paths come from its checkpoint; only --max-seconds / --log-every may be given)")
     t.add_argument("--epochs", type=int, help=f"epochs to train {_default('epochs')}")
     t.add_argument("--batch-size", type=int, help=f"batch size {_default('batch_size')}")
-    t.add_argument("--lr-mode", choices=LR_MODES, help="norm: each tensor's largest step is 2**LR_BITS master codes "
-                   "(scale-free, no sweep); shift: lr 2**-LR_SHIFT on the summed batch gradient (the C code "
-                   f"generator's rule) {_default('lr_mode')}")
-    t.add_argument("--lr-bits", type=int, help=f"norm mode: largest step 2**LR_BITS codes (0..14) {_default('lr_bits')}")
-    t.add_argument("--bn-lr-bits", type=int, help="norm mode: largest step of batch-norm gamma / beta, 0..14 "
-                   "(default: LR_BITS - 1)")
-    t.add_argument("--lr-shift", type=int, help=f"shift mode: learning rate 2**-LR_SHIFT {_default('lr_shift')}")
-    t.add_argument("--schedule", choices=SCHEDULES, help="step-size multiplier (integer Q8): const, step (halve every "
-                   f"--step-every epochs) or cosine to 0 {_default('schedule')}")
-    t.add_argument("--warmup-epochs", type=float, help=f"linear warm-up length in epochs {_default('warmup_epochs')}")
-    t.add_argument("--step-every", type=int, help="step schedule: epochs between halvings (default: epochs // 3, >= 1)")
-    t.add_argument("--momentum-shift", type=int, help="momentum beta = 1 - 2**-M, 1..16 (default: off)")
-    t.add_argument("--decay-shift", type=int, help="weight decay W -= W * 2**-D per step, 1..30 (default: off)")
-    t.add_argument("--l2-shift", type=int, help="L2 weight decay: 2**-L * W added to the summed-batch gradient before "
-                   "the step rule, as torch SGD's weight_decay x the batch size (L = 4: 5e-4 at batch 128), 0..30 "
-                   "(default: off)")
-    t.add_argument("--frac-bits", type=int, help="an int16 remainder of F (1..15) bits below each master code: steps "
-                   "below one code add up instead of being rounded to whole codes one by one (default: off)")
-    t.add_argument("--no-adapt-exp", dest="adapt_exp", action="store_const", const=False, default=None,
-                   help="keep weight exponents fixed (default: a tensor reaching half its code range is halved and "
-                        "its exponent raised, so no master weight sits at the integer limit)")
+    _step_args(t)
     _rounding_args(t)
     t.add_argument("--seed", type=int, help=f"data shuffling seed (epoch e uses SEED + e) {_default('seed')}")
     t.add_argument("--augment", choices=AUGMENTS, help="crop-flip: each training image randomly cropped from its "

@@ -17,7 +17,10 @@ Two step-size rules (``lr_mode``):
 A schedule multiplier ``multiplier`` (Q8: 256 = 1.0, set each step by :class:`Schedule`) scales the step:
 U = shift(grad * m, s + 8) when m != 256 (m == 256 is exactly the unscheduled shift(grad, s)).
 Optional momentum with beta = 1 - 2**-momentum_shift keeps an int32 buffer v in the same codes:
-v <- v - rne_shift(v, momentum_shift) + U; the step is then v. Optional decay: W <- W - rne_shift(W, decay_shift).
+v <- v - rne_shift(v, momentum_shift) + U; the step is then v, or with ``nesterov`` U + beta * v, that is
+v - rne_shift(v, momentum_shift) + U (Sutskever et al., ICML 2013, Eq. 3-4, in torch SGD(nesterov=True)'s form: the
+step looks one momentum step ahead; on ResNet-20 in fp32 it is worth a point over plain momentum, see the
+fp32-no-nesterov row of benchmarks/results/accuracy_full). Optional decay: W <- W - rne_shift(W, decay_shift).
 Optional L2 weight decay ``l2_shift`` (lambda = 2**-l2_shift on the summed-batch loss, torch SGD's ``weight_decay``
 times the batch size): the step's gradient is grad + lambda * W, W written in the gradient's units (an exact left
 shift, or an rne right shift) before the step rule sees it, so the decay follows the schedule and the step rounding
@@ -103,7 +106,7 @@ class SGDCore:
     def __init__(self, params: list, lr_shift: int = 6, momentum_shift: int | None = None,
                  rounding: str = "pstoch", *, lr_mode: str = "shift", lr_bits: int = 4, adapt_exp: bool = False,
                  decay_shift: int | None = None, bn_lr_bits: int | None = None, l2_shift: int | None = None,
-                 frac_bits: int | None = None):
+                 frac_bits: int | None = None, nesterov: bool = False):
         if lr_mode not in LR_MODES:
             raise ValueError(f"unknown lr_mode {lr_mode!r}; allowed: {', '.join(LR_MODES)}")
         if not 0 <= int(lr_shift) <= 62:
@@ -120,6 +123,9 @@ class SGDCore:
             raise ValueError("l2_shift must be in [0, 30]")
         if frac_bits is not None and not 1 <= int(frac_bits) <= FRAC_BITS_MAX:
             raise ValueError(f"frac_bits must be in [1, {FRAC_BITS_MAX}]")
+        if nesterov and momentum_shift is None:
+            raise ValueError("nesterov needs momentum_shift")
+        self.nesterov = bool(nesterov)
         self.l2_shift = None if l2_shift is None else int(l2_shift)
         self.frac_bits = None if frac_bits is None else int(frac_bits)
         self.params, self.lr_shift, self.momentum_shift, self.rounding = params, int(lr_shift), momentum_shift, rounding
@@ -132,7 +138,7 @@ class SGDCore:
         return {"lr_mode": self.lr_mode, "lr_shift": self.lr_shift, "lr_bits": self.lr_bits,
                 "momentum_shift": self.momentum_shift, "rounding": self.rounding, "adapt_exp": self.adapt_exp,
                 "decay_shift": self.decay_shift, "bn_lr_bits": self.bn_lr_bits, "l2_shift": self.l2_shift,
-                "frac_bits": self.frac_bits}
+                "frac_bits": self.frac_bits, "nesterov": self.nesterov}
 
     def gradient(self, p):
         """The gradient the step rule sees, at exponent p.grad_exp: p.grad, plus W * 2**-l2_shift in those units
@@ -175,7 +181,7 @@ class SGDCore:
             v = ops.wide(p.mom)
             v = ops.clip(v - ops.shift(v, self.momentum_shift, "rne") + u, -INT32_MAX, INT32_MAX)
             p.mom = ops.int32(v)
-            u = v
+            u = ops.clip(v - ops.shift(v, self.momentum_shift, "rne") + u, -INT32_MAX, INT32_MAX) if self.nesterov else v
         w = ops.wide(p.acc)
         if f:                                  # the whole weight in 2**-f codes: codes and remainder
             w = w * (1 << f) + (ops.wide(p.frac) if p.frac is not None else 0)

@@ -38,6 +38,8 @@ def _check_settings(s: dict) -> None:
             raise MicroFormatError(f"--{key.replace('_', '-')} {v}: allowed: {lo}..{hi}")
     if not (s["warmup_epochs"] >= 0 and math.isfinite(s["warmup_epochs"])):
         raise MicroFormatError(f"--warmup-epochs {s['warmup_epochs']}: allowed: a number >= 0")
+    if s.get("nesterov") and s["momentum_shift"] is None:
+        raise MicroFormatError("--nesterov: needs --momentum-shift M (Nesterov momentum is a form of momentum)")
     if s["keep_best"] and not s["val"]:
         raise MicroFormatError("--keep-best: needs --val VAL.npz (the best epoch is judged on validation accuracy)")
 
@@ -170,7 +172,8 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib, signals: lis
               lr_mode=s["lr_mode"], lr_bits=s["lr_bits"], adapt_exp=s["adapt_exp"], decay_shift=s["decay_shift"],
               bn_lr_bits=s.get("bn_lr_bits"),                 # runs saved before --bn-lr-bits: lr_bits for all
               l2_shift=s.get("l2_shift"),                     # and before --l2-shift: none
-              frac_bits=s.get("frac_bits"))                   # and before --frac-bits: none
+              frac_bits=s.get("frac_bits"),                   # and before --frac-bits: none
+              nesterov=bool(s.get("nesterov")))               # and before --nesterov: plain momentum
     spe = -(-len(x) // s["batch_size"])                      # steps per epoch
     epochs = s["epochs"]
     sched = Schedule(s["schedule"], max(1, epochs * spe), int(round(s["warmup_epochs"] * spe)), s["step_every"] * spe)
@@ -181,6 +184,8 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib, signals: lis
     print(f"train: {len(x)} samples, {sum(p.acc.size for p in model.params())} weights, "
           f"{model.desc['weight_bits']}-bit weight accumulators, {s['lr_mode']} rule ({rule}), {s['schedule']} "
           f"schedule, {spe} steps/epoch, rounding {'/'.join(model.desc['rounding'].values())}"
+          + (f", {'Nesterov ' if s.get('nesterov') else ''}momentum 1 - 2^-{s['momentum_shift']}"
+             if s["momentum_shift"] is not None else "")
           + (f", {s['frac_bits']} fraction bits below each master code" if s.get("frac_bits") else "")
           + (f", {model.err_bits}-bit errors" if model.err_bits != 8 else "")
           + (", int8 weight views at each tensor's own shift" if model.desc.get("weight_view") == "tensor" else "")

@@ -59,6 +59,8 @@ class IntegerOnlyConfig:
         bn_lr_bits: the norm rule's largest step for batch-norm gamma / beta, 0..14 (``None``, the default:
             ``lr_bits - 1``, as ``python -m inttrain.micro train``).
         momentum_shift: ``None`` (plain SGD) or ``m`` for beta = 1 - 2**-m (1..16).
+        nesterov: Nesterov momentum (needs ``momentum_shift``): the step is the gradient step plus beta times the
+            new momentum, as torch ``SGD(nesterov=True)``.
         adapt_exp: halve a tensor (exponent + 1) once it reaches half its code range (no saturated weights).
         decay_shift: ``None`` or ``D``: weight decay ``W -= rne(W / 2**D)`` per step (1..30).
         l2_shift: ``None`` or ``L``: L2 weight decay, ``2**-L * W`` added to the summed-batch gradient before the
@@ -106,6 +108,7 @@ class IntegerOnlyConfig:
     lr_shift: int = 8
     bn_lr_bits: int | None = None
     momentum_shift: int | None = None
+    nesterov: bool = False
     adapt_exp: bool = True
     decay_shift: int | None = None
     l2_shift: int | None = None
@@ -124,6 +127,8 @@ class IntegerOnlyConfig:
                 raise ValueError(f"integer-only {f}={getattr(self, f)!r}: allowed {ROUNDING_MODES}")
         if self.lr_mode not in ("norm", "shift"):
             raise ValueError(f"integer-only lr_mode={self.lr_mode!r}: allowed 'norm' or 'shift'")
+        if not isinstance(self.nesterov, bool) or (self.nesterov and self.momentum_shift is None):
+            raise ValueError(f"integer-only nesterov={self.nesterov!r}: allowed False, or True with a momentum_shift")
         for f, lo, hi, optional in (("lr_shift", 0, 62, False), ("lr_bits", 0, 14, False),
                                     ("momentum_shift", 1, 16, True), ("decay_shift", 1, 30, True),
                                     ("l2_shift", 0, 30, True), ("frac_bits", 1, FRAC_BITS_MAX, True),
@@ -301,4 +306,5 @@ def optimizer(model: T.Sequential, config: IntegerOnlyConfig | None = None) -> T
     return T.SGD(model.params(), config.lr_shift, config.momentum_shift, config.update_rounding,
                  lr_mode=config.lr_mode, lr_bits=config.lr_bits, adapt_exp=config.adapt_exp,
                  decay_shift=config.decay_shift, l2_shift=config.l2_shift, frac_bits=config.frac_bits,
+                 nesterov=config.nesterov,
                  bn_lr_bits=default_bn_lr_bits(config.lr_bits) if config.bn_lr_bits is None else config.bn_lr_bits)
