@@ -186,6 +186,7 @@ def run_train(args, defaults: dict, rounding_opts: tuple, peak_mib, signals: lis
           f"schedule, {spe} steps/epoch, rounding {'/'.join(model.desc['rounding'].values())}"
           + (f", {'Nesterov ' if s.get('nesterov') else ''}momentum 1 - 2^-{s['momentum_shift']}"
              if s["momentum_shift"] is not None else "")
+          + (f", L2 2^-{s['l2_shift']}" if s.get("l2_shift") is not None else "")
           + (f", {s['frac_bits']} fraction bits below each master code" if s.get("frac_bits") else "")
           + (f", {model.err_bits}-bit errors" if model.err_bits != 8 else "")
           + (", int8 weight views at each tensor's own shift" if model.desc.get("weight_view") == "tensor" else "")
