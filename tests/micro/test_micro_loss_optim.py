@@ -72,28 +72,27 @@ def test_sgd_update_is_a_shift_of_the_gradient():
     assert p.acc.tolist() == [-88, 88, -32767, -250]
 
 
-def test_sgd_momentum():
-    p = Param(np.zeros(1, dtype=np.int64), 0, 16)
-    opt = SGD([p], lr_shift=0, momentum_shift=1, rounding="rne")   # beta = 1/2
+def _steps_of_a_constant_gradient(opt: SGD, p: Param, n: int = 3) -> list[int]:
     steps = []
-    for _ in range(3):
+    for _ in range(n):
         p.grad, p.grad_exp = np.array([8]), 0
         before = int(p.acc[0])
         opt.step()
         steps.append(before - int(p.acc[0]))
-    assert steps == [8, 12, 14]                                    # v = v - v/2 + 8
+    return steps
+
+
+def test_sgd_momentum():
+    p = Param(np.zeros(1, dtype=np.int64), 0, 16)
+    opt = SGD([p], lr_shift=0, momentum_shift=1, rounding="rne")   # beta = 1/2
+    assert _steps_of_a_constant_gradient(opt, p) == [8, 12, 14]   # v = v - v/2 + 8
 
 
 def test_sgd_nesterov_steps_the_gradient_plus_beta_times_the_new_momentum():
     p = Param(np.zeros(1, dtype=np.int64), 0, 16)
     opt = SGD([p], lr_shift=0, momentum_shift=1, rounding="rne", nesterov=True)    # beta = 1/2
-    steps = []
-    for _ in range(3):
-        p.grad, p.grad_exp = np.array([8]), 0
-        before = int(p.acc[0])
-        opt.step()
-        steps.append(before - int(p.acc[0]))
-    assert steps == [12, 14, 15] and p.mom.tolist() == [14]       # v = 8, 12, 14; step 8 + v / 2
+    assert _steps_of_a_constant_gradient(opt, p) == [12, 14, 15]   # v = 8, 12, 14; step 8 + v / 2
+    assert p.mom.tolist() == [14]
     assert opt.config()["nesterov"] is True
     with pytest.raises(ValueError, match="nesterov needs momentum_shift"):
         SGD([p], nesterov=True)
