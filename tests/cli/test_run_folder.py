@@ -268,7 +268,8 @@ def test_bf16_activations_option(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (["--recipe", "int8", "--norm-bits", "16"], "error: --norm-bits: recipe 'int8' has no quantized batch norm; use wageubn"),
     (["--recipe", "wageubn", "--weight-grad-bits", "30"], "error: --weight-grad-bits: wageubn g_bits=30: allowed 2 to 24"),
     (["--recipe", "fp32", "--weight-grad-bits", "16"],
-     "error: --weight-grad-bits: recipe 'fp32' has no quantized weight gradient; use wageubn")])
+     "error: --weight-grad-bits: recipe 'fp32' has no quantized weight gradient; use wageubn"),
+    (["--recipe", "int8", "--no-range-bn"], "error: --no-range-bn: recipe 'int8' has no Range BN choice; use sbm")])
 def test_recipe_option_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert _train(tmp_path / "r", *args) == 2
     assert _err(capsys) == message
@@ -279,6 +280,12 @@ def test_activation_range_option(tmp_path: Path) -> None:
     run = tmp_path / "max"
     assert _train(run, "--recipe", "dorefa", "--activation-range", "max", "--max-steps", "2") == 0
     assert yaml.safe_load((run / "config.yaml").read_text())["activation_range"] == "max"
+
+
+def test_sbm_without_range_bn_option(tmp_path: Path) -> None:
+    run = tmp_path / "sbm"
+    assert _train(run, "--recipe", "sbm", "--no-range-bn", "--max-steps", "2") == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["range_bn"] is False
 
 
 def test_wageubn_width_options(tmp_path: Path) -> None:

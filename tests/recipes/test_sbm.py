@@ -60,6 +60,16 @@ def test_bad_configs_fail_clearly():
         SbmConfig(wgrad_bits=17)
     with pytest.raises(UnsupportedFormatError, match="allowed 2 to 8"):
         SbmConfig(grad_bits=16)
+    with pytest.raises(UnsupportedFormatError, match="sbm range_bn=1: allowed True or False"):
+        SbmConfig(range_bn=1)
+
+
+def test_range_bn_is_the_recipes_batch_norm_unless_turned_off():
+    assert type(SbmConfig().convert_norms_(cnn())[1]) is RangeBatchNorm2d
+    assert type(SbmConfig(range_bn=False).convert_norms_(cnn())[1]) is nn.BatchNorm2d
+    assert SbmConfig().with_range_bn(False) == SbmConfig(range_bn=False)
+    with pytest.raises(ValueError, match="recipe 'int8' has no Range BN choice; use sbm"):
+        inttrain.get_config("int8").with_range_bn(False)
 
 
 def test_sbm_mlp_matches_fp32_on_digits():

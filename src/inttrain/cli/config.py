@@ -64,6 +64,8 @@ class RunConfig:
                                       "and output (the paper: 8).", default_text="recipe's")
     weight_grad_bits: int | None = opt(None, "wageubn: width of the weight gradient G its quantized SGD steps with "
                                              "(the paper: 8).", default_text="recipe's")
+    range_bn: bool | None = opt(None, "sbm: Range BN in place of every BatchNorm2d (the paper), or with "
+                                      "--no-range-bn the model's own batch norm.", default_text="recipe's")
     epochs: int = opt(5, "Number of epochs.")
     batch_size: int = opt(32, "Batch size.")
     lr: float = opt(0.05, "Learning rate.")

@@ -120,6 +120,13 @@ class RecipeConfig:
             raise ValueError(f"recipe {self.name!r} has no bfloat16-activation choice; use int8")
         return dataclasses.replace(self, bf16_activations=on)
 
+    def with_range_bn(self, on: bool) -> RecipeConfig:
+        """This config with Range BN on or off (``inttrain train --range-bn / --no-range-bn``); ValueError if the
+        recipe has no such choice."""
+        if "range_bn" not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(f"recipe {self.name!r} has no Range BN choice; use sbm")
+        return dataclasses.replace(self, range_bn=on)
+
     def with_activation_range(self, activation_range: str) -> RecipeConfig:
         """This config with its activation range set (``inttrain train --activation-range``, dorefa's
         ``clip`` or ``max``); ValueError if the recipe has no such choice or the value is not one of its."""

@@ -47,6 +47,8 @@ class SbmConfig(RecipeConfig):
         grad_bits: output gradient for the ``dx`` GEMM (2..8; the paper: 8).
         wgrad_bits: output gradient for the ``dW`` GEMM (2..16; the paper: 16).
         grad_rounding: rounding of both gradient copies (the paper: stochastic).
+        range_bn: Range BN in place of every BatchNorm2d (the paper; default), or False: the model's own batch
+            norm (an ablation: how much of the recipe's gap to fp32 is Range BN's).
     """
 
     name = "sbm"
@@ -57,16 +59,19 @@ class SbmConfig(RecipeConfig):
     grad_bits: int = 8
     wgrad_bits: int = 16
     grad_rounding: Rounding = Rounding.STOCHASTIC
+    range_bn: bool = True
 
     def __post_init__(self) -> None:
         for field_name, hi in (("bits", 8), ("grad_bits", 8), ("wgrad_bits", MAX_BITS)):
             v = getattr(self, field_name)
             if not isinstance(v, int) or isinstance(v, bool) or not MIN_BITS <= v <= hi:
                 raise UnsupportedFormatError(f"sbm {field_name}={v!r}: allowed {MIN_BITS} to {hi}")
+        if not isinstance(self.range_bn, bool):
+            raise UnsupportedFormatError(f"sbm range_bn={self.range_bn!r}: allowed True or False")
 
     def convert_norms_(self, model: nn.Module) -> nn.Module:
-        """Range BN (Sec. 4) in place of every BatchNorm2d."""
-        return use_range_bn_(model)
+        """Range BN (Sec. 4) in place of every BatchNorm2d (``range_bn``; else the model's own)."""
+        return use_range_bn_(model) if self.range_bn else model
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
         low = Int8MixedConfig(bits=self.bits, grad_bits=self.grad_bits, grad_rounding=self.grad_rounding,
