@@ -49,3 +49,22 @@ def test_non_contiguous_operands():
     a = rng.integers(-127, 128, size=(30, 2100)).astype(np.int8)
     b = rng.integers(-127, 128, size=(20, 2100)).astype(np.int8)
     assert np.array_equal(int_matmul(a, b.T), int_matmul_reference(a, b.T))
+
+
+@pytest.mark.parametrize("k,products", [(1041, 2), (1088, 2), (2080, 2), (4000, 4), (8320, 8), (8321, 1)])
+def test_matmul_exact_float32_chunks_are_exact_at_the_worst_case(k, products, monkeypatch):
+    """K just past one float32 product's bound takes <= MAX_F32_CHUNKS (8) float32 products summed in float64
+    (8320 = 8 chunks of 1040); 8321 falls back to one float64 product. All-127 operands give the odd sums above
+    2**24 that a single float32 product gets wrong."""
+    from inttrain.micro.gemm import matmul_exact
+
+    calls, matmul = [], np.matmul
+    monkeypatch.setattr(np, "matmul", lambda x, y: calls.append(x.dtype) or matmul(x, y))
+
+    a = np.full((2, 3, k), 127, dtype=np.int8)              # a batch dimension, as the conv weight gradient's
+    b = np.full((2, k, 4), 127, dtype=np.int8)
+    b[1, ::3] = -127
+    ref = np.stack([int_matmul_reference(a[i], b[i]) for i in range(2)])
+    out = matmul_exact(a.astype(np.float32), b)
+    assert out.dtype == np.float64 and np.array_equal(out.astype(np.int64), ref)
+    assert calls == ([np.float32] * products if products > 1 else [np.float64])
