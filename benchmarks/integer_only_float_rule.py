@@ -24,6 +24,11 @@ inputs' real values (codes * 2**x_exp), with
 * ``--rule sgd``: SGD momentum 0.9 nesterov, weight decay 5e-4 (``--momentum``, ``--weight-decay``), lr ``--lr``
   times the same multiplier (the accuracy benchmark's fp32 optimizer on micro's schedule).
 
+``--bn range`` swaps the twin's batch norm for micro's normalizer (docs/integer-training.md §4.2): each channel
+divided by its batch range over ``2**gain_shift`` (micro's gain), the whole batch as one chunk, with the backward of
+a standard batch norm (micro's: the range's value, the derivative of a standard deviation); ``std`` (default) keeps
+torch's.
+
 Against the integer-only job's row at the same seed it splits the gap: float with micro's rule vs integer
 (the arithmetic), float with micro's rule vs float with SGD (the update rule).  The run folder holds
 ``state.pt`` (resumed after an interruption: rerun the same command) and ``history.json`` (loss, training and
@@ -60,6 +65,7 @@ from inttrain.micro.optim import Schedule, default_bn_lr_bits  # noqa: E402
 from micro_vs_float import float_twin  # noqa: E402
 
 RULES = ("norm", "frozen", "relative", "sgd")
+NORMS = ("std", "range")
 NO_E = -(1 << 20)       # state.pt's "no frozen exponent yet"
 
 
@@ -91,6 +97,49 @@ def norm_rule_step(params: list[tuple[torch.nn.Parameter, int]], multiplier: int
             p.sub_(u)
 
 
+class RangeValueBatchNorm2d(torch.nn.BatchNorm2d):
+    """Batch norm normalised by ``range / 2**gain_shift`` (micro's value) with a standard batch norm's backward:
+    the standard-deviation normalisation times the detached ratio std / (range / 2**gain_shift).  In training the
+    running statistics track the mean and that normaliser squared, so eval mode uses the same normaliser."""
+
+    gain_shift: int = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        mean = x.mean((0, 2, 3), keepdim=True)
+        std = torch.sqrt(x.var((0, 2, 3), unbiased=False, keepdim=True) + self.eps)
+        with torch.no_grad():
+            norm = ((x.amax((0, 2, 3), keepdim=True) - x.amin((0, 2, 3), keepdim=True)) * 2.0 ** -self.gain_shift
+                    ).clamp_min(self.eps)
+            self.running_mean.lerp_(mean.flatten(), self.momentum)
+            self.running_var.lerp_((norm * norm).flatten(), self.momentum)
+        y = (x - mean) / std * (std / norm).detach()
+        return y * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
+
+
+def micro_gain_shifts(layers: list) -> list[int]:
+    """The ``gain_shift`` of every micro batch norm, in the twin's module order (a residual's block, then its
+    shortcut)."""
+    out = []
+    for layer in layers:
+        if hasattr(layer, "block"):
+            out += micro_gain_shifts(layer.block) + micro_gain_shifts(layer.shortcut)
+        elif hasattr(layer, "gain_shift"):
+            out.append(int(layer.gain_shift))
+    return out
+
+
+def use_range_value_bn_(net: torch.nn.Module, gain_shifts: list[int]) -> None:
+    """Swap ``net``'s BatchNorm2d modules (in order) for :class:`RangeValueBatchNorm2d` with ``gain_shifts``."""
+    bns = [m for m in net.modules() if type(m) is torch.nn.BatchNorm2d]
+    if len(bns) != len(gain_shifts):
+        raise ValueError(f"{len(bns)} batch norms in the twin, {len(gain_shifts)} in the micro model")
+    for m, s in zip(bns, gain_shifts):
+        m.__class__ = RangeValueBatchNorm2d
+        m.gain_shift = s
+
+
 def accuracy(net: torch.nn.Module, x: np.ndarray, x_exp: int, y: np.ndarray, batch_statistics: bool) -> float:
     """Held-out accuracy with the batch norms' running statistics, or (``batch_statistics``) with each 256-image
     batch's own, as ``inttrain.micro`` evaluates (its batch norm keeps no running averages); the latter on a copy,
@@ -108,6 +157,8 @@ def train(args: argparse.Namespace) -> list[dict[str, Any]]:
     torch.set_num_threads(args.threads)
     model = load_model(args.init)
     net = float_twin(model).float()
+    if args.bn == "range":
+        use_range_value_bn_(net, micro_gain_shifts(model.layers))
     x, x_exp, y = load_data(args.train, model.desc["num_classes"])
     xv, xv_exp, yv = load_data(args.val, model.desc["num_classes"])
     n, bs = len(x), args.batch_size
@@ -188,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rule", choices=RULES, default="norm", help="norm: micro's rule in float; frozen: its "
                     "normalizer from the first step, kept; relative: steps relative to each weight's size; sgd: SGD momentum "
                     "0.9 nesterov, weight decay 5e-4 (default: norm)")
+    ap.add_argument("--bn", choices=NORMS, default="std", help="std: torch's batch norm; range: micro's normaliser "
+                    "(range / 2**gain_shift) with a standard batch norm's backward (default: std)")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0, help="the job's seed: data order and crops (default: 0)")

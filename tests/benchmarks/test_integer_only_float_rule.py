@@ -66,6 +66,37 @@ def test_batch_statistics_accuracy_leaves_the_running_statistics_alone(bench) ->
     assert torch.equal(net[2].running_mean, before) and net[2].num_batches_tracked == 0
 
 
+def test_range_value_batch_norm_is_micros_value_with_a_standard_backward(bench) -> None:
+    torch.manual_seed(0)
+    x = (torch.randn(4, 3, 5, 5) * torch.tensor([1.0, 3.0, 0.5]).view(1, 3, 1, 1)).requires_grad_()
+    bn = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+        bn.bias.copy_(torch.tensor([0.0, 1.0, -1.0]))
+    std_bn = torch.nn.BatchNorm2d(3).train()
+    std_bn.load_state_dict(bn.state_dict())
+    bench.use_range_value_bn_(torch.nn.Sequential(bn), [3])
+    y = bn(x)
+    mean = x.mean((0, 2, 3), keepdim=True)
+    rng = x.amax((0, 2, 3), keepdim=True) - x.amin((0, 2, 3), keepdim=True)
+    w, b = bn.weight.view(1, 3, 1, 1), bn.bias.view(1, 3, 1, 1)
+    torch.testing.assert_close(y, (x - mean) / (rng / 8) * w + b)              # the value: range / 2**3
+    g = torch.randn_like(y)
+    (gx,) = torch.autograd.grad(y, x, g)
+    xs = x.detach().clone().requires_grad_()
+    ys = std_bn(xs)
+    std = torch.sqrt(x.detach().var((0, 2, 3), unbiased=False, keepdim=True) + bn.eps)
+    (gs,) = torch.autograd.grad(ys, xs, g * (std / (rng.detach() / 8)))        # the gradient: std batch norm's
+    torch.testing.assert_close(gx, gs)
+    torch.testing.assert_close(bn.running_var, 0.9 + 0.1 * (rng.detach().flatten() / 8) ** 2)
+    try:
+        bench.use_range_value_bn_(torch.nn.Sequential(torch.nn.BatchNorm2d(2)), [3, 3])
+    except ValueError as e:
+        assert str(e) == "1 batch norms in the twin, 2 in the micro model"
+    else:
+        raise AssertionError("a count mismatch must be refused")
+
+
 def _files(tmp_path):
     save_model(Sequential.from_description(RESIDUAL_BN), tmp_path / "init")
     rng = np.random.default_rng(0)
@@ -82,9 +113,10 @@ def _history(path):
 
 def test_both_rules_learn_and_a_resumed_run_continues_exactly(bench, tmp_path, capsys) -> None:
     files = _files(tmp_path)
-    for rule in ("norm", "sgd"):
-        assert bench.main([*files, "--rule", rule, "--epochs", "8", "--lr", "0.4", "--out", str(tmp_path / rule)]) == 0
-        h = _history(tmp_path / rule)
+    for rule in ("norm", "sgd", "sgd --bn range"):
+        assert bench.main([*files, "--rule", *rule.split(), "--epochs", "8", "--lr", "0.4", "--out",
+                           str(tmp_path / rule.replace(" ", ""))]) == 0
+        h = _history(tmp_path / rule.replace(" ", ""))
         assert [r["epoch"] for r in h] == list(range(1, 9))
         assert h[-1]["loss"] < 0.8 * h[0]["loss"] and h[-1]["train_acc"] > 0.5, (rule, h)
         assert all(0 <= r["val_acc"] <= 1 and 0 <= r["val_acc_batch"] <= 1 for r in h)
