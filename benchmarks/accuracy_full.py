@@ -372,9 +372,12 @@ def pack_carry(args: argparse.Namespace, jobs: list[tuple[str, int]], want: dict
 
 def _carried(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     """What an archive keeps: not the best-epoch checkpoints, not the integer-only job's data files (60 MB of
-    codes that the job writes again, bit for bit, from the dataset when it resumes without them)."""
+    codes that the job writes again, bit for bit, from the dataset when it resumes without them), not its
+    ``init/`` model (a resume reads only ``micro/``; ``integer_only_model`` rebuilds it from the seed; with
+    momentum and remainders in the checkpoint it took an archive past 2 MiB)."""
     name = Path(info.name)
-    if name.name.startswith("best.") or (len(name.parts) == 2 and name.suffix == ".npz"):
+    if (name.name.startswith("best.") or (len(name.parts) == 2 and name.suffix == ".npz")
+            or (len(name.parts) >= 2 and name.parts[1] == "init")):
         return None
     return info
 

@@ -196,7 +196,8 @@ def test_carry_leaves_out_best_checkpoints_and_the_integer_only_data_files(bench
 
     kept = lambda name: bench._carried(tarfile.TarInfo(name)) is not None  # noqa: E731
     assert kept("int8-s0/checkpoints/last.state.pt") and kept("integer-only-s0/micro/checkpoint.json")
-    assert kept("integer-only-s0/init/weights.safetensors") and kept("integer-only-s0/micro/train.npz")
+    assert kept("integer-only-s0/micro/checkpoint.safetensors") and kept("integer-only-s0/micro/train.npz")
+    assert not kept("integer-only-s0/init/weights.safetensors") and not kept("integer-only-s0/init")
     assert not kept("int8-s0/checkpoints/best.safetensors") and not kept("integer-only-s0/train.npz")
     assert not kept("integer-only-s0/val.npz")
 
