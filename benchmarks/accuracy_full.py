@@ -34,7 +34,8 @@ Variants: ``fp32``, ``bf16``, ``int8``, ``int8-dataflow`` (int8 activations betw
 its weight-gradient GEMM rounded stochastically by default: nearest rounding in all three GEMMs), ``int8-gsr`` /
 ``int8-dataflow-gsr`` (the input-gradient GEMM's output gradient rounded stochastically too), ``int8-fl`` / ``int8-dataflow-fl``
 (the first and last layer in float32), ``int8-bf16act`` (the int8 recipe with bfloat16 activations between layers:
-its forward under bf16 autocast), ``unified-int8``,
+its forward under bf16 autocast), ``int8-psg`` (one scale per sample for a conv's output gradient in its
+input-gradient GEMM), ``unified-int8``,
 ``sbm``, ``sbm-bn`` (sbm with the model's batch norm, not Range BN), ``wageubn``, ``wageubn-gsr`` (stochastic gradient rounding), ``wageubn-gsr-nesterov`` (and nesterov),
 ``wageubn-split-nesterov`` (errors rounded to nearest in the dx GEMM, stochastically in the dW GEMM and G),
 ``wageubn-gsr-nesterov-bn16`` / ``-g16`` (its batch norm / its weight gradient G at 16 bits: ablations),
@@ -101,6 +102,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     # the first conv and the classifier kept in float32 (--first-last-float), the rest as int8
     "int8-fl": ({"recipe": "int8", "first_last_float": True}, 3),
     "int8-bf16act": ({"recipe": "int8", "bf16_activations": True}, 3),
+    # one scale per sample for a conv's output gradient in its input-gradient GEMM (--per-sample-grad): late in
+    # training most samples' gradients are 3-10% of the batch's largest and round to zero on one scale per tensor
+    "int8-psg": ({"recipe": "int8", "per_sample_grad": True}, 3),
     "int8-dataflow-fl": ({"recipe": "int8", "dataflow": True, "first_last_float": True}, 3),
     # fp32 with the paper's WAGEUBN momentum (no nesterov): how much of wageubn's gap is the optimizer
     "fp32-no-nesterov": ({"recipe": "fp32", "nesterov": False}, 2),
@@ -169,7 +173,7 @@ TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8": ("fp32", 0.2, None), "int8-dataflow": ("fp32", 0.2, None), "int8-nearest": ("fp32", 0.2, None),
     "int8-dataflow-nearest": ("fp32", 0.2, None),
     "int8-gsr": ("fp32", 0.2, None), "int8-dataflow-gsr": ("fp32", 0.2, None), "int8-fl": ("fp32", 0.2, None),
-    "int8-bf16act": ("fp32", 0.2, None),
+    "int8-bf16act": ("fp32", 0.2, None), "int8-psg": ("fp32", 0.2, None),
     "int8-dataflow-fl": ("fp32", 0.2, None),
     **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "sbm-bn", "wageubn", "wageubn-gsr", "wageubn-gsr-nesterov",
                                         "wageubn-split-nesterov", "wageubn-gsr-nesterov-bn16",

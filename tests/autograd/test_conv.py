@@ -94,11 +94,63 @@ def test_channels_last_and_contiguous_inputs_agree():
     assert torch.equal(a, b)
 
 
-def test_nan_output_gradient_propagates():
+@pytest.mark.parametrize("per_sample", [False, True], ids=["per-tensor", "per-sample"])
+def test_nan_output_gradient_propagates(per_sample):
     x = torch.randn(2, 3, 6, 6, requires_grad=True)
     w = torch.randn(4, 3, 3, 3, requires_grad=True)
-    y = int_conv2d(x, w, None, ConvGeometry((1, 1), (1, 1), (1, 1), 1), _prec())
+    y = int_conv2d(x, w, None, ConvGeometry((1, 1), (1, 1), (1, 1), 1), _per_sample_prec() if per_sample else _prec())
     dy = torch.randn_like(y)
-    dy[0, 0, 0, 0] = float("nan")
+    dy[int(per_sample), 0, 0, 0] = float("nan")  # per sample: a NaN in the second sample's scale still reaches every grad
     y.backward(dy)
     assert torch.isnan(x.grad).all() and torch.isnan(w.grad).all()
+
+
+def _per_sample_prec(**kw):
+    return Int8MixedConfig(per_sample_grad=True, **kw).precision_for(torch.nn.Conv2d(1, 1, 1), "conv")
+
+
+def test_per_sample_grad_layout_is_accepted_only_where_it_factors_out():
+    prec = _per_sample_prec()
+    assert prec.grad_input.lhs.granularity == PerChannel(0)
+    check_conv_precision(prec)  # the dx GEMM never sums across samples
+    wide = _per_sample_prec(bits=12)
+    with pytest.raises(UnsupportedFormatError, match="one scale per sample .* at most 8 bits, got 12"):
+        check_conv_precision(wide)
+    bad = LayerPrecision(forward=GemmPrecision(QuantSpec(granularity=PerChannel(0)), QuantSpec(granularity=PerChannel(0))))
+    with pytest.raises(UnsupportedFormatError, match="PerTensor"):  # the forward sums over channels and window
+        check_conv_precision(bad)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_per_sample_grad_input_is_the_exact_sum_of_each_samples_codes(stride):
+    """dx = conv_transpose(q_n * s_n, q_w * s_w) with q_n the nearest int8 codes of sample n's gradient on its own
+    scale s_n = amax_n / 127: the kernel's integer sum times the two scales, checked against float64."""
+    gen = torch.Generator().manual_seed(stride)
+    x = torch.randn(4, 8, 9, 9, generator=gen, requires_grad=True)
+    w = torch.randn(6, 8, 3, 3, generator=gen) / 9
+    geom = ConvGeometry((stride, stride), (1, 1), (1, 1), 1)
+    y = int_conv2d(x, w, None, geom, _per_sample_prec())
+    dy = torch.randn(y.shape, generator=gen) * torch.logspace(0, -4, 4).view(-1, 1, 1, 1)
+    y.backward(dy)
+    s = dy.abs().amax((1, 2, 3), keepdim=True).double() / 127
+    qg = torch.round(dy.double() / s).clamp(-127, 127)
+    sw = w.abs().amax((0, 2, 3), keepdim=True).double() / 127  # per input channel in the dx GEMM
+    qw = torch.round(w.double() / sw).clamp(-127, 127)
+    ref = torch.nn.grad.conv2d_input(x.shape, qw * sw, qg * s, (stride, stride), (1, 1))
+    torch.testing.assert_close(x.grad.double(), ref, rtol=1e-5, atol=0)
+
+
+def test_per_sample_grad_keeps_the_small_samples_gradients():
+    """Gradients 10**4 apart across the batch: one scale per tensor rounds the smallest samples' codes to zero, one
+    scale per sample keeps every sample's input gradient at int8 quality."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(4, 8, 8, 8, generator=gen)
+    w = torch.randn(8, 8, 3, 3, generator=gen) / 24
+    geom = ConvGeometry((1, 1), (1, 1), (1, 1), 1)
+    dy = torch.randn(4, 8, 8, 8, generator=gen) * torch.logspace(0, -4, 4).view(-1, 1, 1, 1)
+    ref = _run(lambda x, w, b: F.conv2d(x, w, None, 1, 1), x, w, None, dy)[1]
+    per_tensor = _run(lambda x, w, b: int_conv2d(x, w, None, geom, _prec()), x, w, None, dy)[1]
+    per_sample = _run(lambda x, w, b: int_conv2d(x, w, None, geom, _per_sample_prec()), x, w, None, dy)[1]
+    assert torch.count_nonzero(per_tensor[3]) == 0  # 1e-4 of the largest: every code rounds to zero
+    assert min(sqnr_db(ref[n], per_sample[n]) for n in range(4)) >= SQNR_MIN_DB
+

@@ -15,12 +15,12 @@ SCRIPT = "accuracy_full"  # conftest.py's `bench` fixture loads benchmarks/accur
 def test_jobs_seed_major_with_three_seeds_for_the_tight_variants(bench) -> None:
     args = bench.parse_args(["--data", "x.npz"])
     jobs = bench.all_jobs(args)
-    # fp32, int8, int8-dataflow, int8-gsr, int8-dataflow-gsr, int8-fl, int8-bf16act, int8-dataflow-fl: 3 seeds;
-    # int8-dataflow-nearest 1; the rest 2
-    assert len(jobs) == 8 * 3 + 25 * 2 + 1
-    assert jobs[:34] == [(v, 0) for v in bench.VARIANTS]
-    assert jobs[-8:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2), ("int8-gsr", 2), ("int8-dataflow-gsr", 2),
-                         ("int8-fl", 2), ("int8-bf16act", 2), ("int8-dataflow-fl", 2)]
+    # fp32, int8, int8-dataflow, int8-gsr, int8-dataflow-gsr, int8-fl, int8-bf16act, int8-psg, int8-dataflow-fl:
+    # 3 seeds; int8-dataflow-nearest 1; the rest 2
+    assert len(jobs) == 9 * 3 + 25 * 2 + 1
+    assert jobs[:35] == [(v, 0) for v in bench.VARIANTS]
+    assert jobs[-9:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2), ("int8-gsr", 2), ("int8-dataflow-gsr", 2),
+                         ("int8-fl", 2), ("int8-bf16act", 2), ("int8-psg", 2), ("int8-dataflow-fl", 2)]
 
 
 def test_micro_flags_are_flags_the_device_cli_accepts(bench) -> None:

@@ -66,6 +66,20 @@ def _quantize_activation(x: torch.Tensor, spec: QuantSpec, seed: int, per_channe
     return codes, scale.reshape(-1)
 
 
+def _per_sample(spec: QuantSpec) -> bool:
+    """One scale per sample (``PerChannel(0)`` of NCHW; see ``spec.capabilities.CONV_PER_SAMPLE``)."""
+    return spec.granularity == PerChannel(0)
+
+
+def _quantize_per_sample(x: torch.Tensor, spec: QuantSpec, seed: int, zero_point: int = 0):
+    """Quantize a 4-D NCHW tensor with one scale per sample, via the ``[N, H*W*C]`` view of its channels-last
+    layout; codes come back channels-last, the scale as ``[N]``."""
+    x = x.contiguous(memory_format=_CL)
+    n = x.shape[0]
+    codes, scale = quantize_matrix(x.permute(0, 2, 3, 1).reshape(n, -1), spec, 0, seed=seed, zero_point=zero_point)
+    return codes.reshape(n, x.shape[2], x.shape[3], x.shape[1]).permute(0, 3, 1, 2), scale.reshape(-1)
+
+
 def _quantize_weight(w: torch.Tensor, spec: QuantSpec, seed: int, per_input_channel: bool, groups: int):
     """Quantize OIHW weights per output channel (or, for grad_input, per input channel / per tensor)."""
     if per_input_channel:
@@ -197,8 +211,11 @@ class _IntConv2dFn(torch.autograd.Function):
             dy_amax = channel_amax(rows_view(dyf))
         if ctx.needs_input_grad[0]:
             if gi.integer:
-                qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=0 if _wide(gi) else 128,
-                                              column_amax=dy_amax)
+                if _per_sample(gi.lhs):  # the sample axis is not reduced: its scale factors out of dx
+                    qg, sg = _quantize_per_sample(dyf, gi.lhs, seeds[1], zero_point=128)
+                else:
+                    qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=0 if _wide(gi) else 128,
+                                                  column_amax=dy_amax)
                 if not is_finite(sg):  # amax propagates inf/NaN: this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
                 qw, sw = _quantize_weight(weight, gi.rhs, derive_seed(seeds[1], SeedPurpose.RHS_OPERAND), True, geom.groups)

@@ -44,15 +44,15 @@ def recipe_config_for(recipe: str, bits: int | None, weight_grad_rounding: str |
                       grad_rounding: str | None = None, first_last_float: bool | None = None,
                       bf16_activations: bool | None = None, activation_range: str | None = None,
                       norm_bits: int | None = None, weight_grad_bits: int | None = None,
-                      range_bn: bool | None = None) -> Any:
+                      range_bn: bool | None = None, per_sample_grad: bool | None = None) -> Any:
     """The config ``prepare_`` gets: None (use the name), or the recipe's config with ``bits`` (and the
     gradient roundings, the first/last-layer policy, bfloat16 activations, the activation range, the quantized batch
-    norm's and weight gradient's widths, Range BN) set."""
+    norm's and weight gradient's widths, Range BN, per-sample gradient scales) set."""
     import inttrain
 
     switches = {"first_last_float": first_last_float, "bf16_activations": bf16_activations,
                 "activation_range": activation_range, "norm_bits": norm_bits, "weight_grad_bits": weight_grad_bits,
-                "range_bn": range_bn}
+                "range_bn": range_bn, "per_sample_grad": per_sample_grad}
     if bits is None and weight_grad_rounding is None and grad_rounding is None and all(
             v is None for v in switches.values()):
         return None
@@ -147,7 +147,7 @@ def validate_config(cfg: RunConfig) -> Any:
         raise UsageProblem("--data-dir", f"{cfg.data_dir!r} does not exist; expected {where}")
     return recipe_config_for(cfg.recipe, cfg.bits, cfg.weight_grad_rounding, cfg.grad_rounding,
                              cfg.first_last_float, cfg.bf16_activations, cfg.activation_range, cfg.norm_bits,
-                             cfg.weight_grad_bits, cfg.range_bn)
+                             cfg.weight_grad_bits, cfg.range_bn, cfg.per_sample_grad)
 
 
 def _check_optimizer_knobs(cfg: RunConfig) -> None:

@@ -149,7 +149,15 @@ def conv2d_input_grad_u8(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tens
 
     On the CPU the node is the sub-pixel convolution, and its depth-to-space stays in the graph as views, for
     Inductor to fold into the ops that read the gradient next (see :func:`.conv.phases_to_input_grad`).
+    ``g_scale`` is one scale, or one per sample (``[N]``): the kernel then runs at scale 1 and the float32 result
+    is multiplied by each sample's scale (exact in the integer sum; compiled, Inductor fuses the multiply into
+    the ops that read the gradient next).
     """
+    if g_scale.numel() > 1:
+        if g_scale.numel() != gu8.shape[0]:
+            raise ValueError(f"g_scale has {g_scale.numel()} elements; expected 1 or one per sample ({gu8.shape[0]})")
+        y = conv2d_input_grad_u8(gu8, g_scale.new_ones(1), wq, w_scale, input_shape, geom)
+        return (y * g_scale.reshape(-1, 1, 1, 1).to(torch.float32)).to(out_dtype)
     bf16 = out_dtype == torch.bfloat16
     if not torch.compiler.is_compiling():
         return conv_kernels.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, input_shape, geom, out_dtype)

@@ -120,6 +120,13 @@ class RecipeConfig:
             raise ValueError(f"recipe {self.name!r} has no bfloat16-activation choice; use int8")
         return dataclasses.replace(self, bf16_activations=on)
 
+    def with_per_sample_grad(self, on: bool) -> RecipeConfig:
+        """This config with per-sample output-gradient scales in the convolutions' input-gradient GEMM on or off
+        (``inttrain train --per-sample-grad``); ValueError if the recipe has no such choice."""
+        if "per_sample_grad" not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(f"recipe {self.name!r} has no per-sample gradient scale choice; use int8")
+        return dataclasses.replace(self, per_sample_grad=on)
+
     def with_range_bn(self, on: bool) -> RecipeConfig:
         """This config with Range BN on or off (``inttrain train --range-bn / --no-range-bn``); ValueError if the
         recipe has no such choice."""

@@ -7,10 +7,10 @@ schedules and the CLI state no limits of their own.
 
 from __future__ import annotations
 
-from .formats import MAX_BITS, MIN_BITS, PerTensor
+from .formats import MAX_BITS, MIN_BITS, PerChannel, PerTensor
 from .precision import LayerPrecision
 
-__all__ = ["GEMM_BITS", "CONV_PER_TENSOR", "conv_layout_problem"]
+__all__ = ["GEMM_BITS", "CONV_PER_TENSOR", "CONV_PER_SAMPLE", "conv_layout_problem"]
 
 #: Code widths of every integer GEMM operand, for Linear, Conv2d and GPT-2 Conv1D alike: up to 8 bits on
 #: int8 kernels directly, 9..16 bits as two exact int8 halves (``kernels.matmul.split_int16``).
@@ -25,11 +25,21 @@ CONV_PER_TENSOR: tuple[tuple[str, str, str], ...] = (
 )
 
 
+#: Of those, the ones that may instead take one scale per sample (``PerChannel(0)`` on NCHW): the reduction never
+#: crosses samples, so a sample's scale factors out of its outputs (up to 8-bit codes: the int8 kernel's path).
+CONV_PER_SAMPLE: tuple[tuple[str, str], ...] = (("grad_input", "lhs"),)
+
+
 def conv_layout_problem(prec: LayerPrecision) -> str | None:
     """Why a convolution cannot run ``prec`` (None: it can)."""
     for gemm, side, what in CONV_PER_TENSOR:
         g = getattr(prec, gemm)
         spec = getattr(g, side)
+        if g.integer and (gemm, side) in CONV_PER_SAMPLE and spec.granularity == PerChannel(0):
+            if max(g.lhs.bits, g.rhs.bits) > 8:
+                return (f"conv2d {gemm} GEMM: one scale per sample for the {side} ({what}) needs codes of at most "
+                        f"8 bits, got {max(g.lhs.bits, g.rhs.bits)}")
+            continue
         if g.integer and not isinstance(spec.granularity, PerTensor):
             return (f"conv2d {gemm} GEMM: the {side} ({what}) must be quantized PerTensor (its scale would vary "
                     f"along the reduction), got {spec.granularity}")
