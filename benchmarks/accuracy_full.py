@@ -30,12 +30,13 @@ decay 5e-4 on every parameter, OneCycle (max lr ``--lr``), batch 128, crop-flip,
 defaults and the job row names the knobs it did not get (``knobs_missing``), so such rows are never mixed up
 with full-budget ones in the report (it groups by the settings).
 
-Variants: ``fp32``, ``bf16``, ``int8``, ``int8-dataflow`` (int8 activations between layers), ``int8-nearest`` and ``int8-dataflow-nearest`` (the int8 recipe before
+Variants: ``fp32``, ``bf16``, ``int8``, ``int8-dataflow`` (int8 activations between layers), ``int8-pt`` and
+``int8-dataflow-pt`` (the int8 recipe before its convolutions' output gradient took one scale per sample in the
+input-gradient GEMM: one per tensor; the int8 ablations below and ``cpt-3-8`` ran on it), ``int8-nearest`` and ``int8-dataflow-nearest`` (the int8 recipe before
 its weight-gradient GEMM rounded stochastically by default: nearest rounding in all three GEMMs), ``int8-gsr`` /
 ``int8-dataflow-gsr`` (the input-gradient GEMM's output gradient rounded stochastically too), ``int8-fl`` / ``int8-dataflow-fl``
 (the first and last layer in float32), ``int8-bf16act`` (the int8 recipe with bfloat16 activations between layers:
-its forward under bf16 autocast), ``int8-psg`` (one scale per sample for a conv's output gradient in its
-input-gradient GEMM), ``unified-int8``,
+its forward under bf16 autocast), ``unified-int8``,
 ``sbm``, ``sbm-bn`` (sbm with the model's batch norm, not Range BN), ``wageubn``, ``wageubn-gsr`` (stochastic gradient rounding), ``wageubn-gsr-nesterov`` (and nesterov),
 ``wageubn-split-nesterov`` (errors rounded to nearest in the dx GEMM, stochastically in the dW GEMM and G),
 ``wageubn-gsr-nesterov-bn16`` / ``-g16`` (its batch norm / its weight gradient G at 16 bits: ablations),
@@ -87,25 +88,31 @@ DATAFLOW_BN_EXACT = "901097a"
 #: An integer-only variant's option naming ``python -m inttrain.micro train`` flags ({"lr_bits": 9} -> --lr-bits 9);
 #: the variant's other options go to ``IntegerOnlyConfig``.
 MICRO_TRAIN = "micro_train"
+#: The int8 recipe's per-sample gradient scale choice; False: one scale per tensor (``int8-pt`` and the int8 ablations).
+PT = "per_sample_grad"
 VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     "fp32": ({"recipe": "fp32"}, 3),
     "bf16": ({"recipe": "bf16"}, 2),
-    # the int8 recipe's default: stochastic rounding of the output gradient in the weight-gradient GEMM only
+    # the int8 recipe's default: stochastic rounding of the output gradient in the weight-gradient GEMM only, and one
+    # scale per sample for a conv's output gradient in its input-gradient GEMM (since the twenty-eighth session; rows
+    # renamed from "int8-psg"): late in training most samples' gradients are 3-10% of the batch's largest and round
+    # to zero on one scale per tensor
     "int8": ({"recipe": "int8"}, 3),
     "int8-dataflow": ({"recipe": "int8", "dataflow": True}, 3),
-    # the former default, nearest rounding in all three GEMMs (rows renamed from "int8" / "int8-dataflow")
-    "int8-nearest": ({"recipe": "int8", "weight_grad_rounding": "nearest"}, 2),
-    "int8-dataflow-nearest": ({"recipe": "int8", "dataflow": True, "weight_grad_rounding": "nearest"}, 1),
+    # PT: one scale per tensor there, the former default (rows renamed from "int8" / "int8-dataflow"); every int8
+    # ablation below ran on it and names it, so its rows keep meaning what they ran
+    "int8-pt": ({"recipe": "int8", PT: False}, 3),
+    "int8-dataflow-pt": ({"recipe": "int8", "dataflow": True, PT: False}, 3),
+    # the default before that, nearest rounding in all three GEMMs (rows renamed from "int8" / "int8-dataflow")
+    "int8-nearest": ({"recipe": "int8", "weight_grad_rounding": "nearest", PT: False}, 2),
+    "int8-dataflow-nearest": ({"recipe": "int8", "dataflow": True, "weight_grad_rounding": "nearest", PT: False}, 1),
     # stochastic rounding of the output gradient in the input-gradient GEMM too (all three gradient codes unbiased)
-    "int8-gsr": ({"recipe": "int8", "grad_rounding": "stochastic"}, 3),
-    "int8-dataflow-gsr": ({"recipe": "int8", "dataflow": True, "grad_rounding": "stochastic"}, 3),
+    "int8-gsr": ({"recipe": "int8", "grad_rounding": "stochastic", PT: False}, 3),
+    "int8-dataflow-gsr": ({"recipe": "int8", "dataflow": True, "grad_rounding": "stochastic", PT: False}, 3),
     # the first conv and the classifier kept in float32 (--first-last-float), the rest as int8
-    "int8-fl": ({"recipe": "int8", "first_last_float": True}, 3),
-    "int8-bf16act": ({"recipe": "int8", "bf16_activations": True}, 3),
-    # one scale per sample for a conv's output gradient in its input-gradient GEMM (--per-sample-grad): late in
-    # training most samples' gradients are 3-10% of the batch's largest and round to zero on one scale per tensor
-    "int8-psg": ({"recipe": "int8", "per_sample_grad": True}, 3),
-    "int8-dataflow-fl": ({"recipe": "int8", "dataflow": True, "first_last_float": True}, 3),
+    "int8-fl": ({"recipe": "int8", "first_last_float": True, PT: False}, 3),
+    "int8-bf16act": ({"recipe": "int8", "bf16_activations": True, PT: False}, 3),
+    "int8-dataflow-fl": ({"recipe": "int8", "dataflow": True, "first_last_float": True, PT: False}, 3),
     # fp32 with the paper's WAGEUBN momentum (no nesterov): how much of wageubn's gap is the optimizer
     "fp32-no-nesterov": ({"recipe": "fp32", "nesterov": False}, 2),
     # fp32 without weight decay: how much of integer-only's gap is its update having none (micro's norm rule)
@@ -132,7 +139,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], int]] = {
     # layer inputs divided by their maximum before Eq. 11 instead of clipped to [0, 1] (DoReFaConfig.activation_range)
     "dorefa-8-max": ({"recipe": "dorefa", "bits": 8, "activation_range": "max"}, 2),
     "cpt-3-8": ({"recipe": "int8", "schedule": "cpt", "schedule_min_bits": 3, "schedule_max_bits": 8,
-                 "schedule_cycles": 32, "schedule_grad_bits": 8}, 2),
+                 "schedule_cycles": 32, "schedule_grad_bits": 8, PT: False}, 2),
     # batch norms without the gain (the default was 0 when its row ran; it is 3 since the bngain rows below)
     "integer-only": ({"recipe": "integer-only", "bn_gain_shift": 0}, 2),
     # each batch norm's output scaled by 2**3, Banner et al.'s range correction (IntegerOnlyConfig.bn_gain_shift)
@@ -173,12 +180,12 @@ TARGETS: dict[str, tuple[str, float, float | None]] = {
     "int8": ("fp32", 0.2, None), "int8-dataflow": ("fp32", 0.2, None), "int8-nearest": ("fp32", 0.2, None),
     "int8-dataflow-nearest": ("fp32", 0.2, None),
     "int8-gsr": ("fp32", 0.2, None), "int8-dataflow-gsr": ("fp32", 0.2, None), "int8-fl": ("fp32", 0.2, None),
-    "int8-bf16act": ("fp32", 0.2, None), "int8-psg": ("fp32", 0.2, None),
+    "int8-bf16act": ("fp32", 0.2, None), "int8-pt": ("fp32", 0.2, None), "int8-dataflow-pt": ("fp32", 0.2, None),
     "int8-dataflow-fl": ("fp32", 0.2, None),
     **{v: ("fp32", 0.5, None) for v in ("unified-int8", "sbm", "sbm-bn", "wageubn", "wageubn-gsr", "wageubn-gsr-nesterov",
                                         "wageubn-split-nesterov", "wageubn-gsr-nesterov-bn16",
                                         "wageubn-gsr-nesterov-g16", "dorefa-8", "dorefa-8-max")},
-    "cpt-3-8": ("int8", 0.3, 0.6),
+    "cpt-3-8": ("int8-pt", 0.3, 0.6),  # static 8 bits with one scale per tensor, as its rows ran
     **{v: ("fp32", 3.0, None) for v in ("integer-only", "integer-only-bngain", "integer-only-bngain-lr9",
                                          "integer-only-bngain-l2", "integer-only-bngain-bn16",
                                          "integer-only-bngain-e16", "integer-only-bngain-e16-lr9",
@@ -803,6 +810,10 @@ def format_report(summary: list[dict[str, Any]], rows: list[dict[str, Any]], st:
         "gradients 8 bits.",
         "integer-only: inttrain.micro's own integer weight update (none of the float optimizer's settings above "
         "apply).",
+        "int8 / int8-dataflow: one scale per sample for a convolution's output gradient in its input-gradient GEMM "
+        "(the recipe's default since the twenty-eighth session; int8's first three rows ran as int8-psg); int8-pt / "
+        "int8-dataflow-pt: one per tensor, the former default (their rows were int8 / int8-dataflow), as every other "
+        "int8 ablation and cpt-3-8 ran.",
         f"int8-dataflow*: since {DATAFLOW_BN_EXACT} batch norm normalises the convolution's exact output (its "
         "int8 codes kept for backward only); earlier rows, batch norm on those codes: "
         "superseded_dataflow_bn_codes.jsonl.",

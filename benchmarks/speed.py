@@ -18,6 +18,10 @@ Every row times the same work in several variants, on the same input data and th
 - ``int8_bf16``: the int8 recipe with ``bf16_activations=True`` (whole models only): the same int8 layers, the
   forward under bf16 autocast, so the activations between them are bfloat16 (the "int8 bf16-activations" column,
   with its ratio to bf16; the int8 columns and targets are the float32-activation ``int8``'s),
+- ``int8_pt``: the int8 recipe with ``per_sample_grad=False`` (whole models only): one scale per tensor for the
+  convolutions' output gradient in the grad-input GEMM, the recipe's former default (``inttrain train
+  --no-per-sample-grad``), against ``int8``'s one per sample: what the per-sample scales cost (opt in with
+  ``--families``),
 
 and each of them once more compiled (suffix ``+c``): ``torch.compile(model)`` around the layer or model
 (forward and backward in one graph; the optimizer step stays eager for every variant alike).  A family's
@@ -67,7 +71,8 @@ from inttrain.models import build_model  # noqa: E402
 CL = torch.channels_last
 BF16 = torch.bfloat16
 SECTIONS = ("linear", "conv", "mlp", "resnet20", "gpt")
-FAMILIES = ("fp32", "bf16", "int8", "int8_df", "int8_bf16")  # int8_bf16: int8 layers, forward under bf16 autocast
+FAMILIES = ("fp32", "bf16", "int8", "int8_df", "int8_bf16", "int8_pt")  # int8_bf16: int8 layers, bf16 autocast
+DEFAULT_FAMILIES = FAMILIES[:-1]  # int8_pt only when asked for
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ class Setup:
 
 
 SETUP = Setup(torch.device("cpu"), CPU_SHAPES)  # main() replaces it for --device
-MODEL_FAMILIES = FAMILIES  # main() narrows it for --families
+MODEL_FAMILIES = DEFAULT_FAMILIES  # main() narrows it for --families
 
 
 # --------------------------------------------------------------------------------------------------
@@ -154,6 +159,8 @@ def _prepared(module: nn.Module, family: str) -> nn.Module:
         return inttrain.prepare_(module, "int8", dataflow=True)
     if family == "int8_bf16":  # the int8 recipe's bf16_activations: the step runs it under bf16 autocast
         return inttrain.prepare_(module, inttrain.recipes.Int8MixedConfig(bf16_activations=True))
+    if family == "int8_pt":  # one scale per tensor for the conv output gradient in the grad-input GEMM
+        return inttrain.prepare_(module, inttrain.recipes.Int8MixedConfig(per_sample_grad=False))
     return module
 
 
@@ -425,6 +432,9 @@ def _kernels(row: Row) -> str:
 def markdown(rows: list[Row]) -> str:
     head = ("| case | shape | fp32 ms | bf16 ms | int8 ms | int8 dataflow ms | int8 bf16-activations ms "
             "| int8 vs fp32 | int8 vs bf16 | target | met | int8 kernels / step |")
+    pt = any(row.best("int8_pt") is not None for row in rows)
+    if pt:  # the opt-in int8_pt family gets a column only when it ran
+        head = head.replace("| int8 vs fp32", "| int8 per-tensor-grad ms | int8 vs fp32")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         r_fp, r_bf = ratio(row, "fp32"), ratio(row, "bf16")
@@ -436,13 +446,23 @@ def markdown(rows: list[Row]) -> str:
         ba_cell = "—" if ba is None else _cell(ba)
         if ba is not None and ratio(row, "bf16", "int8_bf16") is not None:
             ba_cell += f" = {ratio(row, 'bf16', 'int8_bf16'):.2f}x bf16"
+        extra = [_family_cell(row, "int8_pt", "int8")] if pt else []
         target = ", ".join(f">= {t:g}x {k}" for k, t in row.targets.items()) or "—"
         lines.append("| " + " | ".join([
             row.name, row.shape, _cell(row.best("fp32")), _cell(row.best("bf16")), _cell(row.best("int8")), df_cell,
-            ba_cell,
+            ba_cell, *extra,
             f"{r_fp:.2f}x" if r_fp else "n/a", f"{r_bf:.2f}x" if r_bf else "n/a", target, _met(row), _kernels(row),
         ]) + " |")
     return "\n".join(lines)
+
+
+def _family_cell(row: Row, family: str, against: str) -> str:
+    """``family``'s best time and its speed ratio to ``against`` (> 1: ``family`` is faster)."""
+    v = row.best(family)
+    if v is None:
+        return "—"
+    r = ratio(row, against, family)
+    return _cell(v) + (f" = {r:.2f}x {against}" if r is not None else "")
 
 
 def details(rows: list[Row]) -> str:
@@ -502,9 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the machine's default)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="where the steps run (cuda: GPU-sized shapes, bf16 autocast on CUDA)")
-    ap.add_argument("--families", default=",".join(FAMILIES),
+    ap.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
                     help=f"comma-separated subset of {','.join(FAMILIES)} for the whole-model rows (fp32, bf16 and "
-                         "int8 always run)")
+                         f"int8 always run) [{','.join(DEFAULT_FAMILIES)}]")
     ap.add_argument("--json", metavar="PATH", help="write all samples and results as JSON")
     ap.add_argument("--seconds", type=float, default=None,
                     help="timed seconds per variant (default: 3, or 0.5 with --quick)")
@@ -575,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
                     "int8_over": {f: ratio(r, f) for f in ("fp32", "bf16")},
                     "int8_df_over_int8": ratio(r, "int8", "int8_df"),
                     "int8_bf16_over_bf16": ratio(r, "bf16", "int8_bf16"),
+                    "int8_pt_over_int8": ratio(r, "int8", "int8_pt"),
                     "variants": {
                         k: {"median_ms": v.median_ms, "samples_s": v.samples, "first_iteration_s": v.first_s,
                             "error": v.error, "int_kernel_calls_per_iter": v.kernel_calls}

@@ -14,8 +14,8 @@ from inttrain.spec import GemmPrecision, LayerPrecision, PerChannel, QuantSpec, 
 SQNR_MIN_DB = 30.0
 
 
-def _prec():
-    return Int8MixedConfig().precision_for(torch.nn.Conv2d(1, 1, 1), "conv")
+def _prec():  # one scale per tensor everywhere (the per-sample default has tests of its own below)
+    return Int8MixedConfig(per_sample_grad=False).precision_for(torch.nn.Conv2d(1, 1, 1), "conv")
 
 
 CASES = [  # (N, Cin, Cout, H, k, stride, padding, dilation, groups)
@@ -113,30 +113,31 @@ def test_per_sample_grad_layout_is_accepted_only_where_it_factors_out():
     prec = _per_sample_prec()
     assert prec.grad_input.lhs.granularity == PerChannel(0)
     check_conv_precision(prec)  # the dx GEMM never sums across samples
-    wide = _per_sample_prec(bits=12)
-    with pytest.raises(UnsupportedFormatError, match="one scale per sample .* at most 8 bits, got 12"):
-        check_conv_precision(wide)
+    check_conv_precision(_per_sample_prec(bits=12))  # the two-half (9..16-bit) GEMM too, at scale 1
     bad = LayerPrecision(forward=GemmPrecision(QuantSpec(granularity=PerChannel(0)), QuantSpec(granularity=PerChannel(0))))
     with pytest.raises(UnsupportedFormatError, match="PerTensor"):  # the forward sums over channels and window
         check_conv_precision(bad)
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_per_sample_grad_input_is_the_exact_sum_of_each_samples_codes(stride):
-    """dx = conv_transpose(q_n * s_n, q_w * s_w) with q_n the nearest int8 codes of sample n's gradient on its own
-    scale s_n = amax_n / 127: the kernel's integer sum times the two scales, checked against float64."""
+@pytest.mark.parametrize("stride,bits", [(1, 8), (2, 8), (1, 12), (2, 12)])
+def test_per_sample_grad_input_is_the_exact_sum_of_each_samples_codes(stride, bits):
+    """dx = conv_transpose(q_n * s_n, q_w * s_w) with q_n the nearest codes of sample n's gradient on its own
+    scale s_n = amax_n / qmax: the kernel's integer sum times the two scales, checked against float64 (8 bits:
+    the int8 kernel; 12: the two-half GEMM)."""
     gen = torch.Generator().manual_seed(stride)
     x = torch.randn(4, 8, 9, 9, generator=gen, requires_grad=True)
     w = torch.randn(6, 8, 3, 3, generator=gen) / 9
     geom = ConvGeometry((stride, stride), (1, 1), (1, 1), 1)
-    y = int_conv2d(x, w, None, geom, _per_sample_prec())
+    y = int_conv2d(x, w, None, geom, _per_sample_prec(bits=bits))
     dy = torch.randn(y.shape, generator=gen) * torch.logspace(0, -4, 4).view(-1, 1, 1, 1)
     y.backward(dy)
-    s = dy.abs().amax((1, 2, 3), keepdim=True).double() / 127
-    qg = torch.round(dy.double() / s).clamp(-127, 127)
-    sw = w.abs().amax((0, 2, 3), keepdim=True).double() / 127  # per input channel in the dx GEMM
-    qw = torch.round(w.double() / sw).clamp(-127, 127)
-    ref = torch.nn.grad.conv2d_input(x.shape, qw * sw, qg * s, (stride, stride), (1, 1))
+    qmax = 2 ** (bits - 1) - 1
+    s = dy.abs().amax((1, 2, 3), keepdim=True).double() / qmax
+    qg = torch.round(dy.double() / s).clamp(-qmax, qmax)
+    sw = w.abs().amax((0, 2, 3), keepdim=True).double() / qmax  # per input channel in the dx GEMM
+    qw = torch.round(w.double() / sw).clamp(-qmax, qmax)
+    # the integer sum first (exact in float64), then the scales: a sum that is 0 in integers must come out 0
+    ref = torch.nn.grad.conv2d_input(x.shape, qw, qg, (stride, stride), (1, 1)) * sw.view(1, -1, 1, 1) * s
     torch.testing.assert_close(x.grad.double(), ref, rtol=1e-5, atol=0)
 
 

@@ -46,3 +46,23 @@ def test_first_last_float_keeps_the_end_layers_in_float() -> None:
     ends(torch.randn(32, 4, 8, 8)).square().mean().backward()
     calls = int_kernel_calls()
     assert sum(calls.values()) > 0 and ends[0].weight.grad is not None and ends[6].weight.grad is not None
+
+
+def test_per_sample_grad_is_the_default_for_convolutions() -> None:
+    from torch import nn
+
+    from inttrain.recipes import SbmConfig
+    from inttrain.recipes.int8_mixed import Int8MixedConfig
+    from inttrain.spec import PerChannel, PerTensor
+    from inttrain.spec.capabilities import conv_layout_problem
+
+    conv, linear = nn.Conv2d(4, 4, 3), nn.Linear(4, 4)
+    dy_scales = lambda cfg, m=conv: cfg.precision_for(m, "m").grad_input.lhs.granularity  # noqa: E731
+    for cfg in (Int8MixedConfig(), Int8MixedConfig(bits=4), Int8MixedConfig(grad_bits=12)):
+        assert dy_scales(cfg) == PerChannel(0)  # one scale per sample, at any width
+        assert conv_layout_problem(cfg.precision_for(conv, "m")) is None
+    assert dy_scales(Int8MixedConfig(per_sample_grad=False)) == PerTensor()
+    assert dy_scales(Int8MixedConfig(), linear) == PerChannel(0)  # a Linear's gradient rows: per sample anyway
+    assert dy_scales(SbmConfig()) == PerTensor()  # the paper's recipe keeps its one scale per tensor
+    with pytest.raises(ValueError, match="per_sample_grad must be True or False, got 1"):
+        Int8MixedConfig(per_sample_grad=1)

@@ -212,7 +212,7 @@ class _IntConv2dFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             if gi.integer:
                 if _per_sample(gi.lhs):  # the sample axis is not reduced: its scale factors out of dx
-                    qg, sg = _quantize_per_sample(dyf, gi.lhs, seeds[1], zero_point=128)
+                    qg, sg = _quantize_per_sample(dyf, gi.lhs, seeds[1], zero_point=0 if _wide(gi) else 128)
                 else:
                     qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=0 if _wide(gi) else 128,
                                                   column_amax=dy_amax)

@@ -58,7 +58,7 @@ class RunConfig:
                                               "runs under bf16 autocast; the three GEMMs stay int8).",
                                         default_text="recipe's")
     per_sample_grad: bool | None = opt(None, "int8: one scale per sample for a convolution's output gradient in "
-                                             "its input-gradient GEMM (default: one per tensor).",
+                                             "its input-gradient GEMM (on by default; false: one per tensor).",
                                        default_text="recipe's")
     activation_range: str | None = opt(None, "dorefa: clip (the paper: a layer's input clipped to [0, 1]) or max "
                                              "(divided by its per-tensor maximum first, multiplied back after).",

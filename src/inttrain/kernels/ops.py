@@ -143,6 +143,17 @@ _dgrad_operator("conv2d_input_grad_phases_u8", conv_kernels.conv2d_input_grad_ph
                 conv_kernels.input_grad_phases_shape)
 
 
+def _per_sample_dgrad(dgrad, gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple,
+                      geom: ConvGeometry) -> Tensor:
+    """``dgrad`` with one output-gradient scale per sample: run at scale 1, then each sample's scale multiplied in
+    (the GEMM never sums across samples, so this is exact in the integer sum; compiled, Inductor fuses the multiply
+    into the ops that read the gradient next)."""
+    if g_scale.numel() != gq.shape[0]:
+        raise ValueError(f"g_scale has {g_scale.numel()} elements; expected 1 or one per sample ({gq.shape[0]})")
+    y = dgrad(gq, g_scale.new_ones(1), wq, w_scale, input_shape, geom)
+    return y * g_scale.reshape(-1, 1, 1, 1).to(torch.float32)
+
+
 def conv2d_input_grad_u8(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple,
                          geom: ConvGeometry, out_dtype: torch.dtype = torch.float32) -> Tensor:
     """:func:`inttrain.kernels.conv.conv2d_input_grad_u8`; one graph node when compiling (channels-last).
@@ -154,10 +165,7 @@ def conv2d_input_grad_u8(gu8: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tens
     the ops that read the gradient next).
     """
     if g_scale.numel() > 1:
-        if g_scale.numel() != gu8.shape[0]:
-            raise ValueError(f"g_scale has {g_scale.numel()} elements; expected 1 or one per sample ({gu8.shape[0]})")
-        y = conv2d_input_grad_u8(gu8, g_scale.new_ones(1), wq, w_scale, input_shape, geom)
-        return (y * g_scale.reshape(-1, 1, 1, 1).to(torch.float32)).to(out_dtype)
+        return _per_sample_dgrad(conv2d_input_grad_u8, gu8, g_scale, wq, w_scale, input_shape, geom).to(out_dtype)
     bf16 = out_dtype == torch.bfloat16
     if not torch.compiler.is_compiling():
         return conv_kernels.conv2d_input_grad_u8(gu8, g_scale, wq, w_scale, input_shape, geom, out_dtype)
@@ -247,7 +255,10 @@ def conv_wide_forward(xq: Tensor, x_scale: Tensor, wq: Tensor, w_scale: Tensor, 
 
 def conv_wide_input_grad(gq: Tensor, g_scale: Tensor, wq: Tensor, w_scale: Tensor, input_shape: tuple,
                          geom: ConvGeometry) -> Tensor:
-    """:func:`inttrain.kernels.conv_wide.conv2d_input_grad`; one graph node when compiling."""
+    """:func:`inttrain.kernels.conv_wide.conv2d_input_grad`; one graph node when compiling.  ``g_scale``: one
+    scale, or one per sample (``[N]``), as :func:`conv2d_input_grad_u8`."""
+    if g_scale.numel() > 1:
+        return _per_sample_dgrad(conv_wide_input_grad, gq, g_scale, wq, w_scale, input_shape, geom)
     return _wide_call(conv_wide.conv2d_input_grad, torch.ops.inttrain.conv_wide_input_grad,
                       (gq, g_scale, wq, w_scale), input_shape, geom)
 

@@ -70,7 +70,9 @@ class Int8MixedConfig(RecipeConfig):
             out).  Late in training a sample's gradient is a few percent of the batch's largest (ResNet-20 after
             30 epochs: median 3-10%), so one scale per tensor rounds 66-82% of the codes to zero and the
             input-gradient GEMM reads 23-37 dB SQNR; one per sample, 35-45 dB (``benchmarks/probe_per_sample.py``).
-            Codes of at most 8 bits.
+            ``benchmarks/accuracy_full.py`` (ResNet-20, 30 epochs, paired seeds): the paired gap to fp32 with it
+            and without (``int8-pt``) is in its README; compiled, the step costs the same (``benchmarks/speed.py
+            --families int8_pt``).  On by default; False keeps one scale per tensor (the default before).
         seed: base seed of the stochastic-rounding hash.
     """
 
@@ -87,9 +89,11 @@ class Int8MixedConfig(RecipeConfig):
     float_weight_grad: bool = False
     first_last_float: bool = False
     bf16_activations: bool = False
-    per_sample_grad: bool = False
+    per_sample_grad: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.per_sample_grad, bool):
+            raise ValueError(f"int8 per_sample_grad must be True or False, got {self.per_sample_grad!r}")
         for field_name in ("bits", "grad_bits"):
             value = getattr(self, field_name)
             if value is not None:

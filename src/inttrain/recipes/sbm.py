@@ -75,7 +75,8 @@ class SbmConfig(RecipeConfig):
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
         low = Int8MixedConfig(bits=self.bits, grad_bits=self.grad_bits, grad_rounding=self.grad_rounding,
-                              weight_grad_rounding=None)  # the paper's one rounding for both gradient copies
+                              weight_grad_rounding=None,  # the paper's one rounding for both gradient copies
+                              per_sample_grad=False)  # and its one scale per tensor
         prec = low.precision_for(module, fqn)
         gw = prec.grad_weight
         wide = dataclasses.replace(gw, lhs=dataclasses.replace(gw.lhs, fmt=IntFormat(self.wgrad_bits)))

@@ -26,7 +26,7 @@ CONV_PER_TENSOR: tuple[tuple[str, str, str], ...] = (
 
 
 #: Of those, the ones that may instead take one scale per sample (``PerChannel(0)`` on NCHW): the reduction never
-#: crosses samples, so a sample's scale factors out of its outputs (up to 8-bit codes: the int8 kernel's path).
+#: crosses samples, so a sample's scale factors out of its outputs (the kernel runs at scale 1, at any code width).
 CONV_PER_SAMPLE: tuple[tuple[str, str], ...] = (("grad_input", "lhs"),)
 
 
@@ -36,9 +36,6 @@ def conv_layout_problem(prec: LayerPrecision) -> str | None:
         g = getattr(prec, gemm)
         spec = getattr(g, side)
         if g.integer and (gemm, side) in CONV_PER_SAMPLE and spec.granularity == PerChannel(0):
-            if max(g.lhs.bits, g.rhs.bits) > 8:
-                return (f"conv2d {gemm} GEMM: one scale per sample for the {side} ({what}) needs codes of at most "
-                        f"8 bits, got {max(g.lhs.bits, g.rhs.bits)}")
             continue
         if g.integer and not isinstance(spec.granularity, PerTensor):
             return (f"conv2d {gemm} GEMM: the {side} ({what}) must be quantized PerTensor (its scale would vary "
