@@ -17,8 +17,8 @@ def test_jobs_seed_major_with_three_seeds_for_the_tight_variants(bench) -> None:
     jobs = bench.all_jobs(args)
     # fp32, int8, int8-dataflow, int8-pt, int8-dataflow-pt, int8-gsr, int8-dataflow-gsr, int8-fl, int8-bf16act,
     # int8-dataflow-fl: 3 seeds; int8-dataflow-nearest 1; the rest 2
-    assert len(jobs) == 10 * 3 + 25 * 2 + 1
-    assert jobs[:36] == [(v, 0) for v in bench.VARIANTS]
+    assert len(jobs) == 10 * 3 + 26 * 2 + 1
+    assert jobs[:37] == [(v, 0) for v in bench.VARIANTS]
     assert jobs[-10:] == [("fp32", 2), ("int8", 2), ("int8-dataflow", 2), ("int8-pt", 2), ("int8-dataflow-pt", 2),
                           ("int8-gsr", 2), ("int8-dataflow-gsr", 2), ("int8-fl", 2), ("int8-bf16act", 2),
                           ("int8-dataflow-fl", 2)]

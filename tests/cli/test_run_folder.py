@@ -273,7 +273,7 @@ def test_bf16_activations_option(tmp_path: Path, capsys: pytest.CaptureFixture[s
      "error: --weight-grad-bits: recipe 'fp32' has no quantized weight gradient; use wageubn"),
     (["--recipe", "int8", "--no-range-bn"], "error: --no-range-bn: recipe 'int8' has no Range BN choice; use sbm"),
     (["--recipe", "sbm", "--per-sample-grad"],
-     "error: --per-sample-grad: recipe 'sbm' has no per-sample gradient scale choice; use int8")])
+     "error: --per-sample-grad: recipe 'sbm' has no per-sample gradient scale choice; use int8 or wageubn")])
 def test_recipe_option_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert _train(tmp_path / "r", *args) == 2
     assert _err(capsys) == message
@@ -298,6 +298,9 @@ def test_per_sample_grad_option(tmp_path: Path) -> None:
     assert yaml.safe_load((run / "config.yaml").read_text())["per_sample_grad"] is False
     wide = tmp_path / "wide"  # the default per-sample scales at 12-bit codes: the two-half GEMM takes them too
     assert _train(wide, "--recipe", "int8", "--bits", "12", "--per-sample-grad", "--max-steps", "2") == 0
+    wage = tmp_path / "wageubn"  # inttrain's option there (the paper: one scale per tensor)
+    assert _train(wage, "--recipe", "wageubn", "--per-sample-grad", "--max-steps", "2") == 0
+    assert yaml.safe_load((wage / "config.yaml").read_text())["per_sample_grad"] is True
 
 
 def test_wageubn_width_options(tmp_path: Path) -> None:

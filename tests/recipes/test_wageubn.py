@@ -1,6 +1,7 @@
 """wageubn (Yang et al., Neural Networks 2020): pow2 int8 W/A/E GEMMs, 8-bit G, 16-bit momentum,
 24-bit weights/update, 8-bit BN; digits convergence."""
 
+import copy
 import math
 
 import pytest
@@ -13,7 +14,7 @@ from inttrain.kernels import int_kernel_calls, reset_kernel_calls
 from inttrain.nn.quant_bn import QuantBatchNorm2d, pow2_quantize
 from inttrain.recipes import WageubnConfig, WageubnSGD
 from inttrain.recipes.wageubn import quantize_grads_
-from inttrain.spec import PerTensor, ScaleKind, UnsupportedFormatError
+from inttrain.spec import PerChannel, PerTensor, ScaleKind, UnsupportedFormatError
 
 
 def _is_pow2(s) -> bool:
@@ -47,6 +48,34 @@ def test_linear_gemms_are_exact_pow2_int8_products():
     eq = _q(dy)
     torch.testing.assert_close(x.grad, eq @ wq, rtol=1e-6, atol=1e-9)  # E x W
     torch.testing.assert_close(layer.weight.grad, eq.t() @ xq, rtol=1e-6, atol=1e-9)  # E^T x A
+
+
+def test_per_sample_grad_puts_each_samples_errors_on_its_own_pow2_scale():
+    cfg = WageubnConfig(per_sample_grad=True)
+    for layer in (nn.Linear(4, 3), nn.Conv2d(2, 3, 3)):
+        prec = cfg.precision_for(layer, "m")
+        assert prec.grad_input.lhs.granularity == PerChannel(0) and prec.grad_input.lhs.scale_kind is ScaleKind.POW2
+        assert all(isinstance(s.granularity, PerTensor) for s in (prec.forward.lhs, prec.grad_weight.lhs))
+    torch.manual_seed(0)
+    layer = nn.Linear(24, 10)
+    inttrain.prepare_(layer, cfg)
+    x = torch.randn(16, 24, requires_grad=True)
+    dy = torch.randn(16, 10) * torch.logspace(0, -4, 16).view(-1, 1)  # rows 10**4 apart
+    layer(x).backward(dy)
+    eq = torch.cat([_q(row) for row in dy.split(1)])  # each row of E on its own power-of-two grid
+    torch.testing.assert_close(x.grad, eq @ _q(layer.weight.detach()), rtol=1e-6, atol=0)
+    conv = nn.Conv2d(4, 4, 3, padding=1)
+    xs, gs = torch.randn(4, 4, 6, 6), torch.randn(4, 4, 6, 6) * torch.logspace(0, -4, 4).view(-1, 1, 1, 1)
+    grads = {}
+    for on in (False, True):
+        m = inttrain.prepare_(nn.Sequential(copy.deepcopy(conv)), WageubnConfig(per_sample_grad=on))
+        xi = xs.clone().requires_grad_()
+        m(xi).backward(gs)
+        grads[on] = xi.grad
+    assert torch.count_nonzero(grads[False][3]) == 0  # 1e-4 of the largest: nothing left on one scale per tensor
+    assert torch.count_nonzero(grads[True][3]) > 0.9 * grads[True][3].numel()
+    with pytest.raises(ValueError, match="wageubn per_sample_grad must be True or False, got 'yes'"):
+        WageubnConfig(per_sample_grad="yes")
 
 
 def test_quantize_grads_hand_made_and_at_most_256_levels():

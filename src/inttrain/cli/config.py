@@ -57,8 +57,8 @@ class RunConfig:
     bf16_activations: bool | None = opt(None, "int8: keep the activations between layers in bfloat16 (the forward "
                                               "runs under bf16 autocast; the three GEMMs stay int8).",
                                         default_text="recipe's")
-    per_sample_grad: bool | None = opt(None, "int8: one scale per sample for a convolution's output gradient in "
-                                             "its input-gradient GEMM (on by default; false: one per tensor).",
+    per_sample_grad: bool | None = opt(None, "int8, wageubn: one scale per sample for the output gradient in the "
+                                             "input-gradient GEMM (int8: on by default; false: one per tensor).",
                                        default_text="recipe's")
     activation_range: str | None = opt(None, "dorefa: clip (the paper: a layer's input clipped to [0, 1]) or max "
                                              "(divided by its per-tensor maximum first, multiplied back after).",

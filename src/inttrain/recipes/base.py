@@ -124,7 +124,7 @@ class RecipeConfig:
         """This config with per-sample output-gradient scales in the convolutions' input-gradient GEMM on or off
         (``inttrain train --per-sample-grad``); ValueError if the recipe has no such choice."""
         if "per_sample_grad" not in {f.name for f in dataclasses.fields(self)}:
-            raise ValueError(f"recipe {self.name!r} has no per-sample gradient scale choice; use int8")
+            raise ValueError(f"recipe {self.name!r} has no per-sample gradient scale choice; use int8 or wageubn")
         return dataclasses.replace(self, per_sample_grad=on)
 
     def with_range_bn(self, on: bool) -> RecipeConfig:

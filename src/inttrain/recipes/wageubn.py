@@ -60,7 +60,7 @@ from torch import nn
 
 from ..nn.quant_bn import pow2_quantize, use_quant_bn_
 from ..numerics.hashing import mix_seed
-from ..spec import GemmPrecision, LayerPrecision, PerTensor, QuantSpec, Rounding, ScaleKind, UnsupportedFormatError
+from ..spec import GemmPrecision, LayerPrecision, PerChannel, PerTensor, QuantSpec, Rounding, ScaleKind, UnsupportedFormatError
 from ..spec.formats import IntFormat
 from .base import RecipeConfig
 
@@ -172,6 +172,11 @@ class WageubnConfig(RecipeConfig):
             by :meth:`optimizer` (the paper: 8, 16 (?), 24).  ``inttrain train --weight-grad-bits`` sets ``g_bits``.
         norm_bits: width of the batch norm's normalized input, gamma, beta and output
             (:class:`~inttrain.nn.quant_bn.QuantBatchNorm2d`; the paper: 8).  ``inttrain train --norm-bits``.
+        per_sample_grad: the errors E in the dx GEMM on one power-of-two scale per sample (a row of a Linear's,
+            a sample of a convolution's) instead of one per tensor: inttrain's option, off as the paper; the int8
+            recipe's default, whose probe found that late in training one scale per tensor rounds most samples'
+            errors to zero (:attr:`~inttrain.recipes.Int8MixedConfig.per_sample_grad`).  That GEMM never sums across samples, so
+            each scale factors out of its rows of dx.  ``inttrain train --per-sample-grad``.
     """
 
     name = "wageubn"
@@ -190,8 +195,11 @@ class WageubnConfig(RecipeConfig):
     m_bits: int = 16
     w_bits: int = 24
     norm_bits: int = 8
+    per_sample_grad: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.per_sample_grad, bool):
+            raise ValueError(f"wageubn per_sample_grad must be True or False, got {self.per_sample_grad!r}")
         if not isinstance(self.bits, int) or isinstance(self.bits, bool) or not 2 <= self.bits <= 8:
             raise UnsupportedFormatError(f"wageubn bits={self.bits!r}: allowed 2 to 8")
         for name in ("g_bits", "m_bits", "w_bits", "norm_bits"):
@@ -201,7 +209,8 @@ class WageubnConfig(RecipeConfig):
 
     def precision_for(self, module: nn.Module, fqn: str) -> LayerPrecision | None:
         spec = QuantSpec(IntFormat(self.bits), PerTensor(), Rounding.NEAREST_EVEN, ScaleKind.POW2)
-        err = QuantSpec(IntFormat(self.bits), PerTensor(), self.e_rounding, ScaleKind.POW2)
+        per_sample = PerChannel(0) if self.per_sample_grad else PerTensor()  # rows / samples of the dx GEMM's E
+        err = QuantSpec(IntFormat(self.bits), per_sample, self.e_rounding, ScaleKind.POW2)
         err_w = QuantSpec(IntFormat(self.bits), PerTensor(), self.weight_grad_rounding or self.e_rounding, ScaleKind.POW2)
         return LayerPrecision(forward=GemmPrecision(spec, spec), grad_input=GemmPrecision(err, spec),
                               grad_weight=GemmPrecision(err_w, spec))
