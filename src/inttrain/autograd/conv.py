@@ -211,11 +211,11 @@ class _IntConv2dFn(torch.autograd.Function):
             dy_amax = channel_amax(rows_view(dyf))
         if ctx.needs_input_grad[0]:
             if gi.integer:
+                zero_point = 0 if _wide(gi) else 128  # signed codes for the two-half GEMM, shifted for oneDNN
                 if _per_sample(gi.lhs):  # the sample axis is not reduced: its scale factors out of dx
-                    qg, sg = _quantize_per_sample(dyf, gi.lhs, seeds[1], zero_point=0 if _wide(gi) else 128)
+                    qg, sg = _quantize_per_sample(dyf, gi.lhs, seeds[1], zero_point=zero_point)
                 else:
-                    qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=0 if _wide(gi) else 128,
-                                                  column_amax=dy_amax)
+                    qg, sg = _quantize_activation(dyf, gi.lhs, seeds[1], zero_point=zero_point, column_amax=dy_amax)
                 if not is_finite(sg):  # amax propagates inf/NaN: this tiny check covers all of dy
                     return _non_finite_grads(ctx, weight)
                 qw, sw = _quantize_weight(weight, gi.rhs, derive_seed(seeds[1], SeedPurpose.RHS_OPERAND), True, geom.groups)
